@@ -1,0 +1,106 @@
+"""Errors users see, and the exit codes they map to.
+
+Every error a person can fix is an ``InputError`` (a file, a position, what is wrong, what was
+expected, a hint) or a ``SourceUnavailable`` (the telemetry source cannot start). The CLI turns
+them into one or a few lines on stderr and a fixed exit code; never a traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ExitCode(enum.IntEnum):
+    """Documented in README.md ("Exit codes") and checked by a table test."""
+
+    OK = 0
+    FAILURE = 1  # an unexpected failure: a bug, report it
+    BAD_INPUT = 2  # bad command line, or a malformed scenario / CSV / config file
+    SOURCE_UNAVAILABLE = 3  # no NVML library, no driver, no permission to read the GPUs
+    INTERRUPTED = 130  # stopped with Ctrl-C
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in one input file."""
+
+    file: str
+    line: int | None
+    col: int | None
+    message: str
+    expected: str | None = None
+    hint: str | None = None
+
+    def render(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.col is not None:
+                where += f":{self.col}"
+        text = f"{where}: {self.message}"
+        if self.expected:
+            text += f" — expected {self.expected}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class GpuwardenError(Exception):
+    exit_code: ExitCode = ExitCode.FAILURE
+
+    def render(self) -> str:
+        return str(self)
+
+
+class InputError(GpuwardenError):
+    """One or more problems in an input file; nothing from it was used."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__(self.render())
+
+    @classmethod
+    def at(
+        cls,
+        file: str,
+        line: int | None,
+        col: int | None,
+        message: str,
+        expected: str | None = None,
+        hint: str | None = None,
+    ) -> InputError:
+        return cls([Problem(file, line, col, message, expected, hint)])
+
+    def render(self) -> str:
+        return "\n".join(p.render() for p in self.problems)
+
+
+class UsageError(GpuwardenError):
+    """The command line asks for something that cannot be done (an unknown source scheme...)."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return self.message + (f"\n  hint: {self.hint}" if self.hint else "")
+
+
+class SourceUnavailable(GpuwardenError):
+    """The telemetry source cannot be read at all (no NVML library, no driver, no permission)."""
+
+    exit_code = ExitCode.SOURCE_UNAVAILABLE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return self.message + (f"\n  hint: {self.hint}" if self.hint else "")

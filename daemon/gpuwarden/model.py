@@ -1,0 +1,228 @@
+"""The data every part of gpuwarden shares: one Snapshot of the machine per tick.
+
+All types are frozen dataclasses. A field the device (or the operating system) cannot tell us
+is ``None``, never ``0``: a rule that compares ``None`` must be able to tell "unknown" from "zero".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+# NVML clock-event ("throttle") reasons, bit -> the name gpuwarden uses everywhere
+# (status output, JSON, scenarios, playbook expressions such as
+# ``"hw_thermal_slowdown" in gpu.throttle``).
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+}
+
+
+def throttle_names(mask: int) -> tuple[str, ...]:
+    """The reason names set in an NVML clock-event bitmask, lowest bit first."""
+    return tuple(name for bit, name in THROTTLE_REASONS.items() if mask & bit)
+
+
+def bytes_to_mib(value: int | None) -> int | None:
+    """Whole MiB, rounded down, keeping ``None`` as ``None``."""
+    return None if value is None else int(value) // MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Framebuffer memory of one GPU, in MiB."""
+
+    total_mib: int | None = None
+    used_mib: int | None = None
+    free_mib: int | None = None
+    reserved_mib: int | None = None
+
+    @property
+    def used_pct(self) -> float | None:
+        if self.total_mib is None or self.used_mib is None or self.total_mib <= 0:
+            return None
+        return 100.0 * self.used_mib / self.total_mib
+
+    @property
+    def free_pct(self) -> float | None:
+        used = self.used_pct
+        return None if used is None else 100.0 - used
+
+
+@dataclass(frozen=True, slots=True)
+class Ecc:
+    """ECC error counters; each is ``None`` where the device does not count it."""
+
+    volatile_corrected: int | None = None
+    volatile_uncorrected: int | None = None
+    aggregate_corrected: int | None = None
+    aggregate_uncorrected: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """Row remapping (Ampere and later)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredPages:
+    """Page retirement (before Ampere)."""
+
+    single_bit: int
+    double_bit: int
+    pending: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU at one instant. ``lost=True`` means it could not be read at all (``error`` says why)."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    lost: bool = False
+    error: str | None = None
+    memory: Memory = field(default_factory=Memory)
+    utilization_pct: int | None = None
+    memory_utilization_pct: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    throttle: tuple[str, ...] | None = None
+    ecc: Ecc | None = None
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    pstate: int | None = None
+    mig_mode: bool | None = None
+
+    @property
+    def device(self) -> str:
+        """The device node name dcgm-exporter uses as a label (``nvidia0``)."""
+        return f"nvidia{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """What the operating system tells about one PID: who owns it and how much it matters.
+
+    Every field but ``pid`` may be ``None`` when it could not be read (the process is gone,
+    or reading it was denied). ``orphaned`` means NVML reports the PID but /proc has no such
+    process: its memory is held by something gpuwarden cannot see or signal.
+    """
+
+    pid: int
+    name: str | None = None
+    cmdline: tuple[str, ...] | None = None
+    user: str | None = None
+    uid: int | None = None
+    groups: tuple[str, ...] = ()
+    create_time: float | None = None
+    status: str | None = None
+    nice: int | None = None
+    cpu_pct: float | None = None
+    rss_mib: int | None = None
+    container: str | None = None
+    pod: str | None = None
+    slurm_job: str | None = None
+    systemd_unit: str | None = None
+    cgroup: str | None = None
+    env: dict[str, str] | None = None
+    declared_priority: str | None = None
+    checkpoint_signal: str | None = None
+    priority: str = "normal"
+    orphaned: bool = False
+    access_denied: tuple[str, ...] = ()
+
+    @property
+    def zombie(self) -> bool:
+        return self.status == "zombie"
+
+    @property
+    def checkpointable(self) -> bool:
+        """The job declared a checkpoint signal (it asked to be told before it is stopped)."""
+        return self.checkpoint_signal is not None
+
+    @property
+    def command(self) -> str:
+        """The command line as one string, for display only (never for a shell)."""
+        if self.cmdline:
+            return " ".join(self.cmdline)
+        return self.name or ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process on one GPU: NVML's facts joined with the process's attribution.
+
+    A process using two GPUs appears twice, once per GPU, sharing one ``ProcessInfo``.
+    ``sm_util_pct`` is ``0`` when NVML has no samples for the PID (it is idle) and ``None``
+    when it was not queried or the device cannot tell.
+    """
+
+    pid: int
+    gpu: int
+    gpu_memory_mib: int | None
+    info: ProcessInfo
+    sm_util_pct: int | None = None
+    gpu_uuid: str | None = None
+    kind: str = "compute"
+
+    def age_s(self, now: float) -> float | None:
+        if self.info.create_time is None:
+            return None
+        return max(0.0, now - self.info.create_time)
+
+
+class EventKind(enum.StrEnum):
+    XID = "xid"
+    ECC_SINGLE_BIT = "ecc_single_bit"
+    ECC_DOUBLE_BIT = "ecc_double_bit"
+    GPU_LOST = "gpu_lost"
+    PSTATE = "pstate"
+    CLOCK = "clock"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something that happened between two snapshots (an XID, an ECC error, a GPU falling off)."""
+
+    kind: EventKind
+    time: float
+    gpu: int | None = None
+    xid: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The whole machine at one instant, as one source saw it."""
+
+    host: str
+    time: float
+    gpus: tuple[GpuState, ...]
+    processes: tuple[GpuProcess, ...] = ()
+    events: tuple[Event, ...] = ()
+    source: str = ""
+
+    def gpu(self, index: int) -> GpuState | None:
+        for state in self.gpus:
+            if state.index == index:
+                return state
+        return None
+
+    def processes_on(self, index: int) -> tuple[GpuProcess, ...]:
+        return tuple(p for p in self.processes if p.gpu == index)

@@ -1,0 +1,56 @@
+"""Durations as people write them in YAML and on the command line: ``90``, ``30s``, ``2m30s``, ``1h``."""
+
+from __future__ import annotations
+
+import re
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds in ``value``; raises ``ValueError`` with what was expected."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative: {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"not a duration: {value!r}")
+    text = value.strip().replace(" ", "")
+    if not text:
+        raise ValueError("empty duration")
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if seconds < 0:
+            raise ValueError(f"a duration cannot be negative: {value!r}")
+        return seconds
+    total = 0.0
+    pos = 0
+    for match in _PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or pos == 0:
+        raise ValueError(f"not a duration: {value!r} (write e.g. 30s, 2m, 1h30m)")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """A short human form: ``45s``, ``2m30s``, ``3h05m``, ``2d04h``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        m, rest = divmod(s, 60)
+        return f"{m}m{rest:02d}s" if rest else f"{m}m"
+    if s < 86400:
+        h, rest = divmod(s, 3600)
+        return f"{h}h{rest // 60:02d}m"
+    d, rest = divmod(s, 86400)
+    return f"{d}d{rest // 3600:02d}h"
