@@ -170,6 +170,9 @@ def _describe(error: Any) -> tuple[str, str | None]:
         return ("missing required field", None)
     if kind == "extra_forbidden":
         return ("unknown field", None)
+    if kind in ("value_error", "assertion_error"):
+        msg = msg.split(", ", 1)[1] if ", " in msg else msg
+        return (msg, None)
     got = error.get("input")
     shown = repr(got)
     if len(shown) > 60:

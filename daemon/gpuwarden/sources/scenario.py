@@ -1,0 +1,340 @@
+"""Play a scenario back as Snapshots, on a simulated clock or in real time.
+
+Keyframes are applied in order; a field a keyframe does not mention keeps its value. A keyframe
+with ``ramp: true`` is reached linearly from the one before it. A GPU's used memory is the sum of
+its jobs' memory plus ``other_mib``, unless the keyframe gives ``memory_used_mib``. A spawned job
+is a real process: once it has exited, its memory leaves every later snapshot, so a drill sees
+the effect of a kill. Events are reported once, by the first snapshot at or after their time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuwarden.config import Priorities
+from gpuwarden.model import (
+    Ecc,
+    Event,
+    EventKind,
+    GpuProcess,
+    GpuState,
+    Memory,
+    ProcessInfo,
+    RemappedRows,
+    RetiredPages,
+    Snapshot,
+)
+from gpuwarden.sources import scenario_format
+from gpuwarden.sources.procs import PriorityResolver, normalise_signal
+from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Keyframe, Scenario
+from gpuwarden.sources.spawn import Standin, spawn
+
+# Linux PIDs are below PID_MAX_LIMIT (2**22); synthetic ones start above it and never collide.
+SYNTHETIC_PID_BASE = 2**22 + 1000
+_NUMERIC = (
+    "utilization_pct",
+    "memory_utilization_pct",
+    "temperature_c",
+    "power_w",
+    "memory_used_mib",
+    "other_mib",
+)
+
+
+class Attributor(Protocol):
+    def describe(self, pids: Iterable[int], now: float) -> dict[int, ProcessInfo]: ...
+
+
+@dataclass
+class _GpuValues:
+    """The accumulated state of one GPU after a keyframe."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    jobs: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+
+    def copy(self) -> _GpuValues:
+        return _GpuValues(dict(self.values), dict(self.jobs))
+
+
+def _accumulate(scenario: Scenario) -> list[dict[int, _GpuValues]]:
+    """The full state of every GPU right at each keyframe."""
+    states: list[dict[int, _GpuValues]] = []
+    current = {gpu.index: _GpuValues(values={"other_mib": 0}) for gpu in scenario.gpus}
+    for frame in scenario.timeline:
+        current = {index: values.copy() for index, values in current.items()}
+        for index, change in frame.gpus.items():
+            target = current[index]
+            for name in change.model_fields_set - {"jobs"}:
+                target.values[name] = getattr(change, name)
+            if change.jobs is not None:
+                target.jobs = {
+                    job_id: (float(use), None) if isinstance(use, int)
+                    else (float(use.memory_mib), use.sm_pct)
+                    for job_id, use in change.jobs.items()
+                }
+        states.append(current)
+    return states
+
+
+def _lerp(a: float | None, b: float | None, f: float) -> float | None:
+    if a is None or b is None:
+        return b if f >= 1 else a
+    return a + (b - a) * f
+
+
+def _between(before: _GpuValues, after: _GpuValues, f: float) -> _GpuValues:
+    mixed = before.copy()
+    for name, value in after.values.items():
+        if name in _NUMERIC:
+            mixed.values[name] = _lerp(before.values.get(name), value, f)
+        elif f >= 1:
+            mixed.values[name] = value
+    jobs: dict[str, tuple[float, float | None]] = {}
+    for job_id in before.jobs.keys() | after.jobs.keys():
+        mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
+        mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
+        mib = _lerp(mib_a, mib_b, f) or 0.0
+        if job_id not in after.jobs and f >= 1:
+            continue
+        jobs[job_id] = (mib, _lerp(sm_a, sm_b, f) if job_id in after.jobs else sm_a)
+    mixed.jobs = jobs
+    return mixed
+
+
+def _round(value: float | None) -> int | None:
+    return None if value is None else int(round(value))
+
+
+class ScenarioSource:
+    """A scenario as a ``ReplaySource``. Spawned jobs start when the source opens and are
+    killed by ``close()``; use it as a context manager."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        path: str = "",
+        priorities: Priorities | None = None,
+        attributor: Attributor | None = None,
+        start_time: float | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.name = f"scenario:{path}" if path else f"scenario:{scenario.name}"
+        self.duration = scenario.duration
+        if start_time is None:
+            start = scenario.start or dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+            start_time = start.timestamp()
+        self.start_time = start_time
+        self._resolver = PriorityResolver(priorities or Priorities())
+        self._attributor = attributor
+        self._states = _accumulate(scenario)
+        self._gpus = {gpu.index: gpu for gpu in scenario.gpus}
+        self._jobs = {job.id: job for job in scenario.jobs}
+        self._pids = {job.id: SYNTHETIC_PID_BASE + i for i, job in enumerate(scenario.jobs)}
+        self._last_offset: float | None = None
+        self._lost: dict[int, bool] = {}
+        self._owns_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-scenario-"))
+        self.standins: dict[str, Standin] = {}
+        try:
+            for job in scenario.jobs:
+                if job.spawn:
+                    self.standins[job.id] = self._spawn(job)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def open(cls, path: str | Path, **kwargs: Any) -> ScenarioSource:
+        return cls(scenario_format.load(path), path=str(path), **kwargs)
+
+    def __enter__(self) -> ScenarioSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self, job: JobSpec) -> Standin:
+        ack = job.ack if isinstance(job.ack, str) and job.ack == "never" else (
+            "0" if job.ack == "immediate" else f"{job.ack}")
+        return spawn(job.id, job.cmdline, dict(job.env), self.workdir / job.id,
+                     on_term=job.on_term, ack=ack)
+
+    def pid_of(self, job_id: str) -> int:
+        """The PID a job has in snapshots: the stand-in's real PID, or its synthetic one."""
+        standin = self.standins.get(job_id)
+        return standin.pid if standin else self._pids[job_id]
+
+    def close(self) -> None:
+        for standin in self.standins.values():
+            standin.stop()
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- playback ---------------------------------------------------------------------------
+
+    def _state_at(self, offset: float) -> dict[int, _GpuValues]:
+        frames = self.scenario.timeline
+        index = 0
+        for k, frame in enumerate(frames):
+            if frame.at <= offset:
+                index = k
+        before = self._states[index]
+        if index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at:
+            nxt = frames[index + 1]
+            span = nxt.at - frames[index].at
+            f = (offset - frames[index].at) / span if span > 0 else 1.0
+            after = self._states[index + 1]
+            return {i: _between(before[i], after[i], f) for i in before}
+        return before
+
+    def _events(self, offset: float) -> list[tuple[Keyframe, float]]:
+        previous = self._last_offset
+        return [
+            (frame, self.start_time + frame.at)
+            for frame in self.scenario.timeline
+            if frame.at <= offset and (previous is None or frame.at > previous)
+        ]
+
+    def _info(self, job: JobSpec) -> ProcessInfo:
+        pid = self._pids[job.id]
+        if job.orphaned:
+            return ProcessInfo(pid=pid, orphaned=True)
+        env = dict(job.env)
+        info = ProcessInfo(
+            pid=pid,
+            name=Path(job.cmdline[0]).name[:15],
+            cmdline=job.cmdline,
+            user=job.user,
+            uid=job.uid,
+            groups=job.groups,
+            create_time=self.start_time - job.started,
+            status=job.status,
+            nice=job.nice,
+            cpu_pct=job.cpu_pct,
+            rss_mib=job.rss_mib,
+            container=job.container,
+            pod=job.pod,
+            slurm_job=job.slurm_job or env.get("SLURM_JOB_ID"),
+            systemd_unit=job.unit,
+            env=env,
+            declared_priority=env.get("GPUWARDEN_PRIORITY"),
+            checkpoint_signal=normalise_signal(env.get("GPUWARDEN_CHECKPOINT_SIGNAL")),
+        )
+        return replace(info, priority=self._resolver.resolve(info))
+
+    def _gpu_state(self, spec: GpuSpec, values: _GpuValues, present: dict[str, float]) -> GpuState:
+        v = values.values
+        unsupported = set(spec.unsupported)
+
+        def get(name: str) -> Any:
+            return None if name in unsupported else v.get(name)
+
+        lost = v.get("lost")
+        if lost:
+            reason = lost if isinstance(lost, str) else "GPU is lost"
+            return GpuState(index=spec.index, name=spec.name, uuid=self._uuid(spec),
+                            pci_bus_id=self._bus_id(spec), lost=True, error=reason)
+        used = v.get("memory_used_mib")
+        if used is None:
+            used = sum(present.values()) + (v.get("other_mib") or 0)
+        used_mib = min(int(round(used)), spec.memory_total_mib)
+        ecc = get("ecc")
+        remapped = get("remapped_rows")
+        retired = get("retired_pages")
+        throttle = get("throttle")
+        return GpuState(
+            index=spec.index,
+            name=spec.name,
+            uuid=self._uuid(spec),
+            pci_bus_id=self._bus_id(spec),
+            memory=Memory(
+                total_mib=spec.memory_total_mib,
+                used_mib=used_mib,
+                free_mib=spec.memory_total_mib - used_mib,
+                reserved_mib=None if "memory_reserved_mib" in unsupported
+                else spec.memory_reserved_mib,
+            ),
+            utilization_pct=_round(get("utilization_pct")),
+            memory_utilization_pct=_round(get("memory_utilization_pct")),
+            temperature_c=_round(get("temperature_c")),
+            power_w=get("power_w"),
+            power_limit_w=None if "power_limit_w" in unsupported else spec.power_limit_w,
+            throttle=None if "throttle" in unsupported else tuple(throttle or ()),
+            ecc=None if "ecc" in unsupported else Ecc(**(ecc.model_dump() if ecc else {
+                "volatile_corrected": 0, "volatile_uncorrected": 0,
+                "aggregate_corrected": 0, "aggregate_uncorrected": 0})),
+            remapped_rows=None if "remapped_rows" in unsupported or retired is not None
+            else RemappedRows(**(remapped.model_dump() if remapped else {
+                "correctable": 0, "uncorrectable": 0, "pending": False, "failure": False})),
+            retired_pages=RetiredPages(**retired.model_dump()) if retired else None,
+            pstate=None if "pstate" in unsupported else (v.get("pstate") or 0),
+            mig_mode=None if "mig_mode" in unsupported else spec.mig_mode,
+        )
+
+    def _uuid(self, spec: GpuSpec) -> str:
+        if spec.uuid:
+            return spec.uuid
+        seed = sum(ord(c) for c in self.scenario.host) % 0xFFFF
+        return f"GPU-5ce7a210-{seed:04x}-4000-8000-{spec.index:012x}"
+
+    @staticmethod
+    def _bus_id(spec: GpuSpec) -> str:
+        return spec.pci_bus_id or f"00000000:{0x18 + spec.index * 0x10:02X}:00.0"
+
+    def snapshot(self, now: float) -> Snapshot:
+        offset = max(0.0, now - self.start_time)
+        state = self._state_at(offset)
+        alive = {job_id for job_id, s in self.standins.items() if s.alive()}
+        real_info: dict[int, ProcessInfo] = {}
+        if self._attributor is not None and alive:
+            real_info = self._attributor.describe(
+                [self.standins[j].pid for j in alive], now)
+        infos: dict[str, ProcessInfo] = {}
+        gpus: list[GpuState] = []
+        processes: list[GpuProcess] = []
+        events: list[Event] = []
+        for spec in self.scenario.gpus:
+            values = state[spec.index]
+            present = {j: mib for j, (mib, _sm) in values.jobs.items()
+                       if not self._jobs[j].spawn or j in alive}
+            gpu = self._gpu_state(spec, values, present)
+            gpus.append(gpu)
+            was_lost = self._lost.get(spec.index, False)
+            if gpu.lost and not was_lost and self._last_offset is not None:
+                events.append(Event(EventKind.GPU_LOST, now, spec.index, None,
+                                    gpu.error or "GPU is lost"))
+            self._lost[spec.index] = gpu.lost
+            if gpu.lost:
+                continue
+            for job_id, mib in present.items():
+                job = self._jobs[job_id]
+                if job_id not in infos:
+                    if job.spawn:
+                        pid = self.standins[job_id].pid
+                        infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
+                    else:
+                        infos[job_id] = self._info(job)
+                info = infos[job_id]
+                memory: int | None = int(round(mib))
+                sm = values.jobs[job_id][1]
+                if "process_memory" in spec.unsupported:
+                    memory = None
+                processes.append(GpuProcess(
+                    pid=info.pid, gpu=spec.index, gpu_memory_mib=memory, info=info,
+                    sm_util_pct=None if "sm_util" in spec.unsupported else _round(sm),
+                    gpu_uuid=gpu.uuid))
+        for frame, when in self._events(offset):
+            for e in frame.events:
+                events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
+        self._last_offset = offset
+        events.sort(key=lambda e: e.time)
+        return Snapshot(host=self.scenario.host, time=now, gpus=tuple(gpus),
+                        processes=tuple(processes), events=tuple(events), source=self.name)

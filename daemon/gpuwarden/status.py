@@ -1,0 +1,268 @@
+"""``gpuwarden status``: a Snapshot as a table for people or as one JSON object for programs.
+
+Process names and command lines are attacker-controlled: before they reach a terminal every
+control character is replaced, so a cmdline cannot move the cursor, recolour the screen or
+hide itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import unicodedata
+from typing import Any
+
+from gpuwarden.model import Event, GpuProcess, GpuState, Snapshot
+from gpuwarden.units import format_duration
+from gpuwarden.xid import describe_xid
+
+JSON_VERSION = 1
+
+
+def iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace(
+        "+00:00", "Z")
+
+
+def safe_text(text: str) -> str:
+    """Printable text only: control and format characters become ``?``."""
+    return "".join(
+        "?" if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") else ch for ch in text
+    )
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+
+
+def gpu_dict(gpu: GpuState) -> dict[str, Any]:
+    m = gpu.memory
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "pci_bus_id": gpu.pci_bus_id,
+        "lost": gpu.lost,
+        "error": gpu.error,
+        "memory": {
+            "used_mib": m.used_mib,
+            "total_mib": m.total_mib,
+            "free_mib": m.free_mib,
+            "reserved_mib": m.reserved_mib,
+            "used_pct": None if m.used_pct is None else round(m.used_pct, 2),
+        },
+        "utilization_pct": gpu.utilization_pct,
+        "memory_utilization_pct": gpu.memory_utilization_pct,
+        "temperature_c": gpu.temperature_c,
+        "power_w": gpu.power_w,
+        "power_limit_w": gpu.power_limit_w,
+        "throttle": None if gpu.throttle is None else list(gpu.throttle),
+        "ecc": None if gpu.ecc is None else {
+            "volatile_corrected": gpu.ecc.volatile_corrected,
+            "volatile_uncorrected": gpu.ecc.volatile_uncorrected,
+            "aggregate_corrected": gpu.ecc.aggregate_corrected,
+            "aggregate_uncorrected": gpu.ecc.aggregate_uncorrected,
+        },
+        "remapped_rows": None if gpu.remapped_rows is None else {
+            "correctable": gpu.remapped_rows.correctable,
+            "uncorrectable": gpu.remapped_rows.uncorrectable,
+            "pending": gpu.remapped_rows.pending,
+            "failure": gpu.remapped_rows.failure,
+        },
+        "retired_pages": None if gpu.retired_pages is None else {
+            "single_bit": gpu.retired_pages.single_bit,
+            "double_bit": gpu.retired_pages.double_bit,
+            "pending": gpu.retired_pages.pending,
+        },
+        "pstate": gpu.pstate,
+        "mig_mode": gpu.mig_mode,
+    }
+
+
+def process_dict(proc: GpuProcess, now: float) -> dict[str, Any]:
+    info = proc.info
+    age = proc.age_s(now)
+    return {
+        "pid": proc.pid,
+        "gpu": proc.gpu,
+        "gpu_memory_mib": proc.gpu_memory_mib,
+        "sm_util_pct": proc.sm_util_pct,
+        "user": info.user,
+        "uid": info.uid,
+        "name": info.name,
+        "cmdline": None if info.cmdline is None else list(info.cmdline),
+        "priority": info.priority,
+        "declared_priority": info.declared_priority,
+        "checkpoint_signal": info.checkpoint_signal,
+        "status": info.status,
+        "zombie": info.zombie,
+        "orphaned": info.orphaned,
+        "nice": info.nice,
+        "cpu_pct": info.cpu_pct,
+        "rss_mib": info.rss_mib,
+        "age_s": None if age is None else round(age, 1),
+        "container": info.container,
+        "pod": info.pod,
+        "slurm_job": info.slurm_job,
+        "systemd_unit": info.systemd_unit,
+        "kind": proc.kind,
+        "access_denied": list(info.access_denied),
+    }
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    return {
+        "time": iso(event.time),
+        "kind": str(event.kind),
+        "gpu": event.gpu,
+        "xid": event.xid,
+        "detail": event.detail or (describe_xid(event.xid) if event.xid is not None else ""),
+    }
+
+
+def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
+    """The documented ``status --json`` shape (README, "status --json")."""
+    return {
+        "version": JSON_VERSION,
+        "host": snap.host,
+        "time": iso(snap.time),
+        "source": snap.source,
+        "gpus": [gpu_dict(g) for g in snap.gpus],
+        "processes": [process_dict(p, snap.time) for p in snap.processes],
+        "events": [event_dict(e) for e in snap.events],
+    }
+
+
+# -- table --------------------------------------------------------------------------------------
+
+_COLOURS = {"red": "31", "yellow": "33", "green": "32", "cyan": "36", "dim": "2", "bold": "1"}
+
+
+class _Paint:
+    def __init__(self, colour: bool) -> None:
+        self.colour = colour
+
+    def __call__(self, text: str, style: str) -> str:
+        if not self.colour or not text:
+            return text
+        return f"\x1b[{_COLOURS[style]}m{text}\x1b[0m"
+
+
+def _bar(fraction: float, width: int) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "█" * filled + "░" * (width - filled)
+
+
+def _num(value: float | int | None, unit: str = "", fmt: str = "{:.0f}") -> str:
+    return "n/a" if value is None else fmt.format(value) + unit
+
+
+def _level(pct: float | None, warn: float, crit: float) -> str:
+    if pct is None:
+        return "dim"
+    return "red" if pct >= crit else "yellow" if pct >= warn else "green"
+
+
+def _gpu_lines(gpu: GpuState, paint: _Paint, width: int) -> list[str]:
+    name = safe_text(gpu.name or "unknown GPU").removeprefix("NVIDIA ")
+    head = f"[{gpu.index}] {name}"
+    if gpu.lost:
+        return [f"{paint(head, 'bold')}  {paint('LOST', 'red')}: "
+                f"{safe_text(gpu.error or 'unreadable')}"]
+    temp = _num(gpu.temperature_c, "°C")
+    power = f"{_num(gpu.power_w)}/{_num(gpu.power_limit_w)} W"
+    util = f"util {_num(gpu.utilization_pct, '%'):>4}"
+    pstate = "" if gpu.pstate is None else f"  P{gpu.pstate}"
+    first = (f"{paint(head, 'bold'):<{len(head)}}  "
+             f"{paint(temp, _level(gpu.temperature_c, 80, 88))}  {power}  "
+             f"{paint(util, _level(gpu.utilization_pct, 101, 101))}{pstate}")
+    m = gpu.memory
+    pct = m.used_pct
+    bar_width = max(10, min(30, width - 46))
+    bar = _bar((pct or 0.0) / 100, bar_width) if pct is not None else "?" * bar_width
+    used = f"{_num(m.used_mib)} / {_num(m.total_mib)} MiB"
+    second = (f"    mem {paint(bar, _level(pct, 80, 95))}  {used}  "
+              f"{paint(_num(pct, '%'), _level(pct, 80, 95))}")
+    lines = [first, second]
+    alerts: list[str] = []
+    if gpu.throttle:
+        relevant = [t for t in gpu.throttle if t != "gpu_idle"]
+        if relevant:
+            alerts.append("throttle: " + ", ".join(relevant))
+    if gpu.ecc and (gpu.ecc.volatile_uncorrected or 0) > 0:
+        alerts.append(f"ecc: {gpu.ecc.volatile_uncorrected} uncorrected")
+    rr = gpu.remapped_rows
+    if rr and (rr.uncorrectable or rr.pending or rr.failure):
+        alerts.append(f"remapped rows: {rr.uncorrectable} uncorrectable"
+                      + (", pending" if rr.pending else "") + (", FAILED" if rr.failure else ""))
+    rp = gpu.retired_pages
+    if rp and (rp.double_bit or rp.pending):
+        alerts.append(f"retired pages: {rp.double_bit} double-bit"
+                      + (", pending" if rp.pending else ""))
+    if alerts:
+        lines.append("    " + paint("! " + "  ! ".join(alerts), "yellow"))
+    return lines
+
+
+def _job_label(proc: GpuProcess) -> str:
+    info = proc.info
+    if info.slurm_job:
+        return f"slurm {info.slurm_job}"
+    if info.pod:
+        return f"pod {info.pod[:8]}"
+    if info.container:
+        return f"ctr {info.container[:12]}"
+    if info.systemd_unit:
+        return info.systemd_unit
+    return "-"
+
+
+def _process_line(proc: GpuProcess, now: float, paint: _Paint, width: int) -> str:
+    info = proc.info
+    markers: list[str] = []
+    if info.orphaned:
+        markers.append(paint("[orphaned: no such process]", "red"))
+    if info.zombie:
+        markers.append(paint("[zombie]", "red"))
+    if proc.sm_util_pct == 0:
+        markers.append(paint("[idle]", "yellow"))
+    user = safe_text(info.user or "?")[:9]
+    prio = info.priority[:9]
+    mib = _num(proc.gpu_memory_mib)
+    sm = _num(proc.sm_util_pct, "%")
+    age = proc.age_s(now)
+    age_text = "?" if age is None else format_duration(age)
+    job = safe_text(_job_label(proc))[:14]
+    prefix = f"    {proc.pid:<8} {user:<9} {prio:<9} {mib:>7} {sm:>4} {age_text:>6} {job:<14} "
+    command = safe_text(info.command) if not info.orphaned else ""
+    room = max(10, width - len(prefix))
+    if len(command) > room:
+        command = command[: room - 1] + "…"
+    plain_markers = " ".join(markers)
+    return (prefix + " ".join(x for x in (plain_markers, command) if x)).rstrip()
+
+
+def render_table(snap: Snapshot, *, width: int = 80, colour: bool = False) -> str:
+    paint = _Paint(colour)
+    lines = [f"{paint(safe_text(snap.host), 'bold')}  {iso(snap.time)}  "
+             f"{paint(safe_text(snap.source), 'dim')}"]
+    for gpu in snap.gpus:
+        lines.append("")
+        lines.extend(_gpu_lines(gpu, paint, width))
+        procs = snap.processes_on(gpu.index)
+        if procs:
+            lines.append(paint(f"    {'PID':<8} {'USER':<9} {'PRIORITY':<9} {'GPU MiB':>7} "
+                               f"{'SM':>4} {'AGE':>6} {'JOB':<14} COMMAND", "dim"))
+            ordered = sorted(procs, key=lambda p: -(p.gpu_memory_mib or 0))
+            lines.extend(_process_line(p, snap.time, paint, width) for p in ordered)
+        elif not gpu.lost:
+            lines.append(paint("    no processes", "dim"))
+    if snap.events:
+        lines.append("")
+        lines.append(paint("events", "bold"))
+        for event in snap.events:
+            where = f"GPU {event.gpu}" if event.gpu is not None else "host"
+            what = str(event.kind).upper()
+            if event.xid is not None:
+                what = f"XID {event.xid} ({describe_xid(event.xid)})"
+            detail = f": {safe_text(event.detail)}" if event.detail else ""
+            lines.append(f"  {iso(event.time)}  {where}  {paint(what, 'red')}{detail}")
+    return "\n".join(lines)
