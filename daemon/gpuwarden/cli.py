@@ -35,30 +35,61 @@ def _parser() -> argparse.ArgumentParser:
         description="Incident response for GPU servers: telemetry, playbooks, safe actions.",
     )
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
-    parser.add_argument("--config", metavar="FILE",
-                        help=f"configuration file (default: {config.DEFAULT_PATH} if it exists)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"configuration file (default: {config.DEFAULT_PATH} if it exists)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    status = sub.add_parser("status", help="show the GPUs and the processes on them",
-                            description="Show each GPU and the processes on it.")
-    status.add_argument("--source", default="nvml", metavar="SOURCE",
-                        help="nvml (default), scenario:FILE[@TIME] or smi-csv:FILE[@TIME]")
+    status = sub.add_parser(
+        "status",
+        help="show the GPUs and the processes on them",
+        description="Show each GPU and the processes on it.",
+    )
+    status.add_argument(
+        "--source",
+        default="nvml",
+        metavar="SOURCE",
+        help="nvml (default), scenario:FILE[@TIME] or smi-csv:FILE[@TIME]",
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
-    status.add_argument("--watch", type=_duration, metavar="SECONDS",
-                        help="refresh every SECONDS until Ctrl-C (replays run in real time)")
-    status.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                        help="colour the table (auto: only on a terminal, unless NO_COLOR)")
+    status.add_argument(
+        "--watch",
+        type=_duration,
+        metavar="SECONDS",
+        help="refresh every SECONDS until Ctrl-C (replays run in real time)",
+    )
+    status.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the table (auto: only on a terminal, unless NO_COLOR)",
+    )
 
-    record = sub.add_parser("record", help="write live telemetry as a scenario file",
-                            description="Sample a source and write what it saw as a scenario.")
+    record = sub.add_parser(
+        "record",
+        help="write live telemetry as a scenario file",
+        description="Sample a source and write what it saw as a scenario.",
+    )
     record.add_argument("--out", required=True, type=Path, metavar="FILE")
     record.add_argument("--source", default="nvml", metavar="SOURCE")
-    record.add_argument("--duration", type=_duration, default=60.0, metavar="D",
-                        help="how long to record (default 60s)")
-    record.add_argument("--interval", type=_duration, default=1.0, metavar="I",
-                        help="time between samples (default 1s)")
+    record.add_argument(
+        "--duration",
+        type=_duration,
+        default=60.0,
+        metavar="D",
+        help="how long to record (default 60s)",
+    )
+    record.add_argument(
+        "--interval",
+        type=_duration,
+        default=1.0,
+        metavar="I",
+        help="time between samples (default 1s)",
+    )
     record.add_argument("--name", help="the scenario's name (default: the output file's stem)")
     return parser
 
@@ -148,8 +179,11 @@ def cmd_record(args: argparse.Namespace) -> int:
             log.warning("recording stopped early after %d samples", len(snapshots))
     document = record.to_scenario(snapshots, args.name or args.out.stem)
     record.write(document, args.out)
-    print(f"recorded {len(snapshots)} samples of {len(document['gpus'])} GPU(s) and "
-          f"{len(document['jobs'])} process(es) to {args.out}", file=sys.stderr)
+    print(
+        f"recorded {len(snapshots)} samples of {len(document['gpus'])} GPU(s) and "
+        f"{len(document['jobs'])} process(es) to {args.out}",
+        file=sys.stderr,
+    )
     return ExitCode.OK
 
 
@@ -194,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("GPUWARDEN_DEBUG"):
             raise
-        print(f"gpuwarden: internal error: {type(exc).__name__}: {exc}\n"
-              "  hint: this is a bug; rerun with GPUWARDEN_DEBUG=1 for a traceback and report it",
-              file=sys.stderr)
+        print(
+            f"gpuwarden: internal error: {type(exc).__name__}: {exc}\n"
+            "  hint: this is a bug; rerun with GPUWARDEN_DEBUG=1 for a traceback and report it",
+            file=sys.stderr,
+        )
         return int(ExitCode.FAILURE)

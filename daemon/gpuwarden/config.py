@@ -54,8 +54,9 @@ class MatchRule(_Strict):
     @model_validator(mode="after")
     def _not_empty(self) -> MatchRule:
         if not (self.user or self.group or self.cmdline or self.cgroup or self.unit or self.env):
-            raise ValueError("a match rule needs at least one of user, group, cmdline, cgroup, "
-                             "unit, env")
+            raise ValueError(
+                "a match rule needs at least one of user, group, cmdline, cgroup, unit, env"
+            )
         return self
 
 
@@ -82,8 +83,9 @@ class Priorities(_Strict):
             raise ValueError(f"priority class names repeat: {names}")
         for field in ("default", "declared_max"):
             if getattr(self, field) not in names:
-                raise ValueError(f"{field} {getattr(self, field)!r} is not one of the classes "
-                                 f"{names}")
+                raise ValueError(
+                    f"{field} {getattr(self, field)!r} is not one of the classes {names}"
+                )
         return self
 
     @property

@@ -33,11 +33,11 @@ DEFAULT_ACK_DIR = Path(tempfile.gettempdir()) / "gpuwarden-ack"
 DEFAULT_SIGNAL = "SIGUSR1"
 
 _requested = threading.Event()
-_last_signal: str | None = None
+_last: dict[str, str] = {}  # the name of the last checkpoint signal received
 
 
 def signal_from_name(value: str | int | None, default: str = DEFAULT_SIGNAL) -> signal.Signals:
-    """``"SIGUSR1"``, ``"USR1"``, ``"10"`` or ``10`` → ``signal.SIGUSR1``; ``None`` → the default."""
+    """``"SIGUSR1"``, ``"USR1"``, ``"10"`` or ``10`` → ``signal.SIGUSR1``; ``None``: the default."""
     if value is None or value == "":
         value = default
     if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
@@ -58,8 +58,7 @@ def ack_path(pid: int, directory: Path | None = None) -> Path:
 
 
 def _handler(signum: int, _frame: FrameType | None) -> None:
-    global _last_signal
-    _last_signal = signal.Signals(signum).name
+    _last["signal"] = signal.Signals(signum).name
     _requested.set()
 
 
@@ -71,8 +70,9 @@ def install(
     With ``callback`` the handler calls it (it runs in the main thread between bytecodes: keep it
     short, e.g. set your own flag). Returns the signal handled.
     """
-    chosen = signal_from_name(sig if sig is not None else os.environ.get(
-        "GPUWARDEN_CHECKPOINT_SIGNAL"))
+    chosen = signal_from_name(
+        sig if sig is not None else os.environ.get("GPUWARDEN_CHECKPOINT_SIGNAL")
+    )
 
     def handle(signum: int, frame: FrameType | None) -> None:
         _handler(signum, frame)
@@ -104,7 +104,7 @@ def acknowledge(
     target.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "pid": os.getpid(),
-        "signal": signal_name or _last_signal,
+        "signal": signal_name or _last.get("signal"),
         "time": time.time(),
         "detail": detail,
     }

@@ -88,7 +88,7 @@ class RetiredPages:
 
 @dataclass(frozen=True, slots=True)
 class GpuState:
-    """One GPU at one instant. ``lost=True`` means it could not be read at all (``error`` says why)."""
+    """One GPU at one instant. ``lost=True``: it could not be read at all (``error`` says why)."""
 
     index: int
     name: str | None = None
@@ -182,9 +182,12 @@ class GpuProcess:
     kind: str = "compute"
 
     def age_s(self, now: float) -> float | None:
-        if self.info.create_time is None:
+        """Seconds since the process started; ``None`` when unknown, or when it started after
+        ``now`` (a real process seen from a simulated clock set in the past)."""
+        created = self.info.create_time
+        if created is None or created > now + 1.0:
             return None
-        return max(0.0, now - self.info.create_time)
+        return max(0.0, now - created)
 
 
 class EventKind(enum.StrEnum):

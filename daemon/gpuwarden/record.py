@@ -101,12 +101,16 @@ def _frame(gpu: GpuState, procs: Iterable[GpuProcess]) -> dict[str, Any]:
     if gpu.throttle:
         frame["throttle"] = list(gpu.throttle)
     if gpu.ecc is not None:
-        frame["ecc"] = {k: v for k, v in (
-            ("volatile_corrected", gpu.ecc.volatile_corrected),
-            ("volatile_uncorrected", gpu.ecc.volatile_uncorrected),
-            ("aggregate_corrected", gpu.ecc.aggregate_corrected),
-            ("aggregate_uncorrected", gpu.ecc.aggregate_uncorrected),
-        ) if v is not None}
+        frame["ecc"] = {
+            k: v
+            for k, v in (
+                ("volatile_corrected", gpu.ecc.volatile_corrected),
+                ("volatile_uncorrected", gpu.ecc.volatile_uncorrected),
+                ("aggregate_corrected", gpu.ecc.aggregate_corrected),
+                ("aggregate_uncorrected", gpu.ecc.aggregate_uncorrected),
+            )
+            if v is not None
+        }
     jobs: dict[str, Any] = {}
     attributed = 0
     for proc in procs:
@@ -132,11 +136,21 @@ def to_scenario(snapshots: list[Snapshot], name: str) -> dict[str, Any]:
     for snap in snapshots:
         for proc in snap.processes:
             jobs.setdefault(_job_id(proc), _job(proc, start))
-        frame: dict[str, Any] = {"at": f"{round(snap.time - start, 3):g}s", "gpus": {
-            gpu.index: _frame(gpu, snap.processes_on(gpu.index)) for gpu in snap.gpus}}
+        frame: dict[str, Any] = {
+            "at": f"{round(snap.time - start, 3):g}s",
+            "gpus": {gpu.index: _frame(gpu, snap.processes_on(gpu.index)) for gpu in snap.gpus},
+        }
         events = [
-            {k: v for k, v in (("gpu", e.gpu), ("kind", str(e.kind)), ("xid", e.xid),
-                               ("detail", e.detail)) if v not in (None, "")}
+            {
+                k: v
+                for k, v in (
+                    ("gpu", e.gpu),
+                    ("kind", str(e.kind)),
+                    ("xid", e.xid),
+                    ("detail", e.detail),
+                )
+                if v not in (None, "")
+            }
             for e in snap.events
         ]
         if events:

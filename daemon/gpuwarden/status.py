@@ -19,8 +19,9 @@ JSON_VERSION = 1
 
 
 def iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace(
-        "+00:00", "Z")
+    return (
+        dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    )
 
 
 def safe_text(text: str) -> str:
@@ -55,19 +56,25 @@ def gpu_dict(gpu: GpuState) -> dict[str, Any]:
         "power_w": gpu.power_w,
         "power_limit_w": gpu.power_limit_w,
         "throttle": None if gpu.throttle is None else list(gpu.throttle),
-        "ecc": None if gpu.ecc is None else {
+        "ecc": None
+        if gpu.ecc is None
+        else {
             "volatile_corrected": gpu.ecc.volatile_corrected,
             "volatile_uncorrected": gpu.ecc.volatile_uncorrected,
             "aggregate_corrected": gpu.ecc.aggregate_corrected,
             "aggregate_uncorrected": gpu.ecc.aggregate_uncorrected,
         },
-        "remapped_rows": None if gpu.remapped_rows is None else {
+        "remapped_rows": None
+        if gpu.remapped_rows is None
+        else {
             "correctable": gpu.remapped_rows.correctable,
             "uncorrectable": gpu.remapped_rows.uncorrectable,
             "pending": gpu.remapped_rows.pending,
             "failure": gpu.remapped_rows.failure,
         },
-        "retired_pages": None if gpu.retired_pages is None else {
+        "retired_pages": None
+        if gpu.retired_pages is None
+        else {
             "single_bit": gpu.retired_pages.single_bit,
             "double_bit": gpu.retired_pages.double_bit,
             "pending": gpu.retired_pages.pending,
@@ -165,22 +172,27 @@ def _gpu_lines(gpu: GpuState, paint: _Paint, width: int) -> list[str]:
     name = safe_text(gpu.name or "unknown GPU").removeprefix("NVIDIA ")
     head = f"[{gpu.index}] {name}"
     if gpu.lost:
-        return [f"{paint(head, 'bold')}  {paint('LOST', 'red')}: "
-                f"{safe_text(gpu.error or 'unreadable')}"]
+        return [
+            f"{paint(head, 'bold')}  {paint('LOST', 'red')}: {safe_text(gpu.error or 'unreadable')}"
+        ]
     temp = _num(gpu.temperature_c, "°C")
     power = f"{_num(gpu.power_w)}/{_num(gpu.power_limit_w)} W"
     util = f"util {_num(gpu.utilization_pct, '%'):>4}"
     pstate = "" if gpu.pstate is None else f"  P{gpu.pstate}"
-    first = (f"{paint(head, 'bold'):<{len(head)}}  "
-             f"{paint(temp, _level(gpu.temperature_c, 80, 88))}  {power}  "
-             f"{paint(util, _level(gpu.utilization_pct, 101, 101))}{pstate}")
+    first = (
+        f"{paint(head, 'bold'):<{len(head)}}  "
+        f"{paint(temp, _level(gpu.temperature_c, 80, 88))}  {power}  "
+        f"{paint(util, _level(gpu.utilization_pct, 101, 101))}{pstate}"
+    )
     m = gpu.memory
     pct = m.used_pct
     bar_width = max(10, min(30, width - 46))
     bar = _bar((pct or 0.0) / 100, bar_width) if pct is not None else "?" * bar_width
     used = f"{_num(m.used_mib)} / {_num(m.total_mib)} MiB"
-    second = (f"    mem {paint(bar, _level(pct, 80, 95))}  {used}  "
-              f"{paint(_num(pct, '%'), _level(pct, 80, 95))}")
+    second = (
+        f"    mem {paint(bar, _level(pct, 80, 95))}  {used}  "
+        f"{paint(_num(pct, '%'), _level(pct, 80, 95))}"
+    )
     lines = [first, second]
     alerts: list[str] = []
     if gpu.throttle:
@@ -191,70 +203,92 @@ def _gpu_lines(gpu: GpuState, paint: _Paint, width: int) -> list[str]:
         alerts.append(f"ecc: {gpu.ecc.volatile_uncorrected} uncorrected")
     rr = gpu.remapped_rows
     if rr and (rr.uncorrectable or rr.pending or rr.failure):
-        alerts.append(f"remapped rows: {rr.uncorrectable} uncorrectable"
-                      + (", pending" if rr.pending else "") + (", FAILED" if rr.failure else ""))
+        alerts.append(
+            f"remapped rows: {rr.uncorrectable} uncorrectable"
+            + (", pending" if rr.pending else "")
+            + (", FAILED" if rr.failure else "")
+        )
     rp = gpu.retired_pages
     if rp and (rp.double_bit or rp.pending):
-        alerts.append(f"retired pages: {rp.double_bit} double-bit"
-                      + (", pending" if rp.pending else ""))
+        alerts.append(
+            f"retired pages: {rp.double_bit} double-bit" + (", pending" if rp.pending else "")
+        )
     if alerts:
         lines.append("    " + paint("! " + "  ! ".join(alerts), "yellow"))
     return lines
 
 
-def _job_label(proc: GpuProcess) -> str:
+def _job_labels(proc: GpuProcess) -> list[str]:
     info = proc.info
+    labels = []
     if info.slurm_job:
-        return f"slurm {info.slurm_job}"
+        labels.append(f"slurm job {info.slurm_job}")
     if info.pod:
-        return f"pod {info.pod[:8]}"
+        labels.append(f"pod {info.pod}")
     if info.container:
-        return f"ctr {info.container[:12]}"
+        labels.append(f"container {info.container[:12]}")
     if info.systemd_unit:
-        return info.systemd_unit
-    return "-"
+        labels.append(f"unit {info.systemd_unit}")
+    if info.checkpoint_signal:
+        labels.append(f"checkpoints on {info.checkpoint_signal}")
+    return labels
 
 
-def _process_line(proc: GpuProcess, now: float, paint: _Paint, width: int) -> str:
+_HEADER = f"  {'PID':<7} {'USER':<8} {'PRIORITY':<9} {'GPU MiB':>7} {'SM':>4} {'AGE':>6}  COMMAND"
+
+
+def _fit(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: max(1, room - 1)] + "…"
+
+
+def _process_lines(proc: GpuProcess, now: float, paint: _Paint, width: int) -> list[str]:
     info = proc.info
     markers: list[str] = []
     if info.orphaned:
         markers.append(paint("[orphaned: no such process]", "red"))
     if info.zombie:
         markers.append(paint("[zombie]", "red"))
+    if info.status == "stopped":
+        markers.append(paint("[stopped]", "yellow"))
     if proc.sm_util_pct == 0:
         markers.append(paint("[idle]", "yellow"))
-    user = safe_text(info.user or "?")[:9]
-    prio = info.priority[:9]
-    mib = _num(proc.gpu_memory_mib)
-    sm = _num(proc.sm_util_pct, "%")
+    user = _fit(safe_text(info.user or "?"), 8)
     age = proc.age_s(now)
     age_text = "?" if age is None else format_duration(age)
-    job = safe_text(_job_label(proc))[:14]
-    prefix = f"    {proc.pid:<8} {user:<9} {prio:<9} {mib:>7} {sm:>4} {age_text:>6} {job:<14} "
-    command = safe_text(info.command) if not info.orphaned else ""
-    room = max(10, width - len(prefix))
-    if len(command) > room:
-        command = command[: room - 1] + "…"
-    plain_markers = " ".join(markers)
-    return (prefix + " ".join(x for x in (plain_markers, command) if x)).rstrip()
+    prefix = (
+        f"  {proc.pid:<7} {user:<8} {info.priority[:9]:<9} "
+        f"{_num(proc.gpu_memory_mib):>7} {_num(proc.sm_util_pct, '%'):>4} {age_text:>6}  "
+    )
+    command = "" if info.orphaned else safe_text(info.command)
+    line = (prefix + " ".join(markers) + (" " if markers else "")).rstrip(" ") + " "
+    visible = len(prefix) + sum(len(m) for m in markers) + len(markers)
+    if not paint.colour:
+        visible = len(line)
+    lines = [(line + _fit(command, max(10, width - visible))).rstrip()]
+    labels = _job_labels(proc)
+    if labels:
+        lines.append(
+            paint(_fit("  " + " " * 8 + "↳ " + safe_text(" · ".join(labels)), width), "dim")
+        )
+    return lines
 
 
 def render_table(snap: Snapshot, *, width: int = 80, colour: bool = False) -> str:
     paint = _Paint(colour)
-    lines = [f"{paint(safe_text(snap.host), 'bold')}  {iso(snap.time)}  "
-             f"{paint(safe_text(snap.source), 'dim')}"]
+    lines = [
+        f"{paint(safe_text(snap.host), 'bold')}  {iso(snap.time)}  "
+        f"{paint(safe_text(snap.source), 'dim')}"
+    ]
     for gpu in snap.gpus:
         lines.append("")
         lines.extend(_gpu_lines(gpu, paint, width))
         procs = snap.processes_on(gpu.index)
         if procs:
-            lines.append(paint(f"    {'PID':<8} {'USER':<9} {'PRIORITY':<9} {'GPU MiB':>7} "
-                               f"{'SM':>4} {'AGE':>6} {'JOB':<14} COMMAND", "dim"))
-            ordered = sorted(procs, key=lambda p: -(p.gpu_memory_mib or 0))
-            lines.extend(_process_line(p, snap.time, paint, width) for p in ordered)
+            lines.append(paint(_HEADER, "dim"))
+            for proc in sorted(procs, key=lambda p: -(p.gpu_memory_mib or 0)):
+                lines.extend(_process_lines(proc, snap.time, paint, width))
         elif not gpu.lost:
-            lines.append(paint("    no processes", "dim"))
+            lines.append(paint("  no processes", "dim"))
     if snap.events:
         lines.append("")
         lines.append(paint("events", "bold"))

@@ -1,4 +1,4 @@
-"""Durations as people write them in YAML and on the command line: ``90``, ``30s``, ``2m30s``, ``1h``."""
+"""Durations as people write them: ``90``, ``30s``, ``2m30s``, ``1h``, ``3d2h``."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def parse_duration(value: object) -> float:
 
 def format_duration(seconds: float) -> str:
     """A short human form: ``45s``, ``2m30s``, ``3h05m``, ``2d04h``."""
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 60:
         return f"{s}s"
     if s < 3600:

@@ -199,9 +199,7 @@ def validate(model: type[M], located: Located, path: KeyPath = ()) -> M:
             message, expected = _describe(error)
             field = ".".join(str(p) for p in full) if full else "document"
             if error["type"] == "missing":
-                problems.append(
-                    located.problem(full[:-1], f"{field}: {message}", expected)
-                )
+                problems.append(located.problem(full[:-1], f"{field}: {message}", expected))
             elif error["type"] == "extra_forbidden":
                 problems.append(located.problem(full, f"{field}: {message}", expected, key=True))
             else:

@@ -74,7 +74,8 @@ def _accumulate(scenario: Scenario) -> list[dict[int, _GpuValues]]:
                 target.values[name] = getattr(change, name)
             if change.jobs is not None:
                 target.jobs = {
-                    job_id: (float(use), None) if isinstance(use, int)
+                    job_id: (float(use), None)
+                    if isinstance(use, int)
                     else (float(use.memory_mib), use.sm_pct)
                     for job_id, use in change.jobs.items()
                 }
@@ -100,15 +101,15 @@ def _between(before: _GpuValues, after: _GpuValues, f: float) -> _GpuValues:
         mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
         mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
         mib = _lerp(mib_a, mib_b, f) or 0.0
-        if job_id not in after.jobs and f >= 1:
-            continue
+        if (job_id not in after.jobs and f >= 1) or (job_id not in before.jobs and f <= 0):
+            continue  # a job ramping out is gone at the keyframe; one ramping in starts after
         jobs[job_id] = (mib, _lerp(sm_a, sm_b, f) if job_id in after.jobs else sm_a)
     mixed.jobs = jobs
     return mixed
 
 
 def _round(value: float | None) -> int | None:
-    return None if value is None else int(round(value))
+    return None if value is None else round(value)
 
 
 class ScenarioSource:
@@ -162,10 +163,14 @@ class ScenarioSource:
         self.close()
 
     def _spawn(self, job: JobSpec) -> Standin:
-        ack = job.ack if isinstance(job.ack, str) and job.ack == "never" else (
-            "0" if job.ack == "immediate" else f"{job.ack}")
-        return spawn(job.id, job.cmdline, dict(job.env), self.workdir / job.id,
-                     on_term=job.on_term, ack=ack)
+        ack = (
+            job.ack
+            if isinstance(job.ack, str) and job.ack == "never"
+            else ("0" if job.ack == "immediate" else f"{job.ack}")
+        )
+        return spawn(
+            job.id, job.cmdline, dict(job.env), self.workdir / job.id, on_term=job.on_term, ack=ack
+        )
 
     def pid_of(self, job_id: str) -> int:
         """The PID a job has in snapshots: the stand-in's real PID, or its synthetic one."""
@@ -240,12 +245,18 @@ class ScenarioSource:
         lost = v.get("lost")
         if lost:
             reason = lost if isinstance(lost, str) else "GPU is lost"
-            return GpuState(index=spec.index, name=spec.name, uuid=self._uuid(spec),
-                            pci_bus_id=self._bus_id(spec), lost=True, error=reason)
+            return GpuState(
+                index=spec.index,
+                name=spec.name,
+                uuid=self._uuid(spec),
+                pci_bus_id=self._bus_id(spec),
+                lost=True,
+                error=reason,
+            )
         used = v.get("memory_used_mib")
         if used is None:
             used = sum(present.values()) + (v.get("other_mib") or 0)
-        used_mib = min(int(round(used)), spec.memory_total_mib)
+        used_mib = min(round(used), spec.memory_total_mib)
         ecc = get("ecc")
         remapped = get("remapped_rows")
         retired = get("retired_pages")
@@ -259,7 +270,8 @@ class ScenarioSource:
                 total_mib=spec.memory_total_mib,
                 used_mib=used_mib,
                 free_mib=spec.memory_total_mib - used_mib,
-                reserved_mib=None if "memory_reserved_mib" in unsupported
+                reserved_mib=None
+                if "memory_reserved_mib" in unsupported
                 else spec.memory_reserved_mib,
             ),
             utilization_pct=_round(get("utilization_pct")),
@@ -268,12 +280,29 @@ class ScenarioSource:
             power_w=get("power_w"),
             power_limit_w=None if "power_limit_w" in unsupported else spec.power_limit_w,
             throttle=None if "throttle" in unsupported else tuple(throttle or ()),
-            ecc=None if "ecc" in unsupported else Ecc(**(ecc.model_dump() if ecc else {
-                "volatile_corrected": 0, "volatile_uncorrected": 0,
-                "aggregate_corrected": 0, "aggregate_uncorrected": 0})),
-            remapped_rows=None if "remapped_rows" in unsupported or retired is not None
-            else RemappedRows(**(remapped.model_dump() if remapped else {
-                "correctable": 0, "uncorrectable": 0, "pending": False, "failure": False})),
+            ecc=None
+            if "ecc" in unsupported
+            else Ecc(
+                **(
+                    ecc.model_dump()
+                    if ecc
+                    else {
+                        "volatile_corrected": 0,
+                        "volatile_uncorrected": 0,
+                        "aggregate_corrected": 0,
+                        "aggregate_uncorrected": 0,
+                    }
+                )
+            ),
+            remapped_rows=None
+            if "remapped_rows" in unsupported or retired is not None
+            else RemappedRows(
+                **(
+                    remapped.model_dump()
+                    if remapped
+                    else {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+                )
+            ),
             retired_pages=RetiredPages(**retired.model_dump()) if retired else None,
             pstate=None if "pstate" in unsupported else (v.get("pstate") or 0),
             mig_mode=None if "mig_mode" in unsupported else spec.mig_mode,
@@ -295,22 +324,25 @@ class ScenarioSource:
         alive = {job_id for job_id, s in self.standins.items() if s.alive()}
         real_info: dict[int, ProcessInfo] = {}
         if self._attributor is not None and alive:
-            real_info = self._attributor.describe(
-                [self.standins[j].pid for j in alive], now)
+            real_info = self._attributor.describe([self.standins[j].pid for j in alive], now)
         infos: dict[str, ProcessInfo] = {}
         gpus: list[GpuState] = []
         processes: list[GpuProcess] = []
         events: list[Event] = []
         for spec in self.scenario.gpus:
             values = state[spec.index]
-            present = {j: mib for j, (mib, _sm) in values.jobs.items()
-                       if not self._jobs[j].spawn or j in alive}
+            present = {
+                j: mib
+                for j, (mib, _sm) in values.jobs.items()
+                if not self._jobs[j].spawn or j in alive
+            }
             gpu = self._gpu_state(spec, values, present)
             gpus.append(gpu)
             was_lost = self._lost.get(spec.index, False)
             if gpu.lost and not was_lost and self._last_offset is not None:
-                events.append(Event(EventKind.GPU_LOST, now, spec.index, None,
-                                    gpu.error or "GPU is lost"))
+                events.append(
+                    Event(EventKind.GPU_LOST, now, spec.index, None, gpu.error or "GPU is lost")
+                )
             self._lost[spec.index] = gpu.lost
             if gpu.lost:
                 continue
@@ -323,18 +355,30 @@ class ScenarioSource:
                     else:
                         infos[job_id] = self._info(job)
                 info = infos[job_id]
-                memory: int | None = int(round(mib))
+                memory: int | None = round(mib)
                 sm = values.jobs[job_id][1]
                 if "process_memory" in spec.unsupported:
                     memory = None
-                processes.append(GpuProcess(
-                    pid=info.pid, gpu=spec.index, gpu_memory_mib=memory, info=info,
-                    sm_util_pct=None if "sm_util" in spec.unsupported else _round(sm),
-                    gpu_uuid=gpu.uuid))
+                processes.append(
+                    GpuProcess(
+                        pid=info.pid,
+                        gpu=spec.index,
+                        gpu_memory_mib=memory,
+                        info=info,
+                        sm_util_pct=None if "sm_util" in spec.unsupported else _round(sm),
+                        gpu_uuid=gpu.uuid,
+                    )
+                )
         for frame, when in self._events(offset):
             for e in frame.events:
                 events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
         self._last_offset = offset
         events.sort(key=lambda e: e.time)
-        return Snapshot(host=self.scenario.host, time=now, gpus=tuple(gpus),
-                        processes=tuple(processes), events=tuple(events), source=self.name)
+        return Snapshot(
+            host=self.scenario.host,
+            time=now,
+            gpus=tuple(gpus),
+            processes=tuple(processes),
+            events=tuple(events),
+            source=self.name,
+        )

@@ -184,8 +184,9 @@ class GpuFrame(_Strict):
         if value is not None:
             unknown = sorted(set(value) - THROTTLE_NAMES)
             if unknown:
-                raise ValueError(f"unknown throttle reason(s) {unknown}; known: "
-                                 f"{sorted(THROTTLE_NAMES)}")
+                raise ValueError(
+                    f"unknown throttle reason(s) {unknown}; known: {sorted(THROTTLE_NAMES)}"
+                )
         return value
 
 
@@ -241,15 +242,22 @@ def _cross_check(scenario: Scenario, located: yamlfile.Located) -> list[Problem]
     gpu_indexes: set[int] = set()
     for i, gpu in enumerate(scenario.gpus):
         if gpu.index in gpu_indexes:
-            problems.append(located.problem(("gpus", i, "index"),
-                                            f"GPU index {gpu.index} is declared twice",
-                                            "each index once"))
+            problems.append(
+                located.problem(
+                    ("gpus", i, "index"),
+                    f"GPU index {gpu.index} is declared twice",
+                    "each index once",
+                )
+            )
         gpu_indexes.add(gpu.index)
     job_ids: set[str] = set()
     for i, job in enumerate(scenario.jobs):
         if job.id in job_ids:
-            problems.append(located.problem(("jobs", i, "id"), f"job id {job.id!r} is declared "
-                                            "twice", "each id once"))
+            problems.append(
+                located.problem(
+                    ("jobs", i, "id"), f"job id {job.id!r} is declared twice", "each id once"
+                )
+            )
         job_ids.add(job.id)
     known_gpus = ", ".join(str(g) for g in sorted(gpu_indexes))
     previous = -1.0
@@ -257,33 +265,61 @@ def _cross_check(scenario: Scenario, located: yamlfile.Located) -> list[Problem]
     for k, frame in enumerate(scenario.timeline):
         where = ("timeline", k)
         if frame.at < previous:
-            problems.append(located.problem((*where, "at"), f"keyframe at {frame.at:g}s comes "
-                                            f"before the previous one at {previous:g}s",
-                                            "keyframes in time order"))
+            problems.append(
+                located.problem(
+                    (*where, "at"),
+                    f"keyframe at {frame.at:g}s comes before the previous one at {previous:g}s",
+                    "keyframes in time order",
+                )
+            )
         previous = frame.at
         if frame.ramp and k == 0:
-            problems.append(located.problem((*where, "ramp"), "the first keyframe has nothing "
-                                            "to ramp from", "ramp: true on later keyframes"))
+            problems.append(
+                located.problem(
+                    (*where, "ramp"),
+                    "the first keyframe has nothing to ramp from",
+                    "ramp: true on later keyframes",
+                )
+            )
         if frame.end and k != last:
-            problems.append(located.problem((*where, "end"), "end: true on a keyframe that is "
-                                            "not the last", "end only on the last keyframe"))
+            problems.append(
+                located.problem(
+                    (*where, "end"),
+                    "end: true on a keyframe that is not the last",
+                    "end only on the last keyframe",
+                )
+            )
         for index, gpu_frame in frame.gpus.items():
             if index not in gpu_indexes:
-                problems.append(located.problem((*where, "gpus", index), f"GPU {index} is not "
-                                                "declared", f"one of the GPUs: {known_gpus}",
-                                                key=True))
+                problems.append(
+                    located.problem(
+                        (*where, "gpus", index),
+                        f"GPU {index} is not declared",
+                        f"one of the GPUs: {known_gpus}",
+                        key=True,
+                    )
+                )
             for job_id in gpu_frame.jobs or {}:
                 if job_id not in job_ids:
                     hint = None if job_ids else "declare it under jobs: first"
-                    problems.append(located.problem(
-                        (*where, "gpus", index, "jobs", job_id), f"unknown job {job_id!r}",
-                        f"one of the jobs: {', '.join(sorted(job_ids)) or '(none declared)'}",
-                        hint, key=True))
+                    problems.append(
+                        located.problem(
+                            (*where, "gpus", index, "jobs", job_id),
+                            f"unknown job {job_id!r}",
+                            f"one of the jobs: {', '.join(sorted(job_ids)) or '(none declared)'}",
+                            hint,
+                            key=True,
+                        )
+                    )
         for e, event in enumerate(frame.events):
             if event.gpu is not None and event.gpu not in gpu_indexes:
-                problems.append(located.problem((*where, "events", e, "gpu"), f"GPU "
-                                                f"{event.gpu} is not declared",
-                                                f"one of the GPUs: {known_gpus}"))
+                problems.append(
+                    located.problem(
+                        (*where, "events", e, "gpu"),
+                        f"GPU {event.gpu} is not declared",
+                        f"one of the GPUs: {known_gpus}",
+                    )
+                )
     return problems
 
 
@@ -291,8 +327,9 @@ def load(path: str | Path) -> Scenario:
     """Read and validate a scenario file; raises ``InputError`` naming file:line:col."""
     located = yamlfile.load(path)
     if not isinstance(located.data, dict):
-        raise located.error((), "a scenario must be a mapping",
-                            "keys name, host, gpus, jobs, timeline")
+        raise located.error(
+            (), "a scenario must be a mapping", "keys name, host, gpus, jobs, timeline"
+        )
     scenario = yamlfile.validate(Scenario, located)
     problems = _cross_check(scenario, located)
     if problems:

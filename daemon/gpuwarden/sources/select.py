@@ -1,4 +1,7 @@
-"""Choosing a source from the command line: ``nvml``, ``scenario:FILE[@TIME]``, ``smi-csv:FILE[@TIME]``."""
+"""Choosing a source from the command line.
+
+``nvml``, ``scenario:FILE[@TIME]`` or ``smi-csv:FILE[@TIME]``.
+"""
 
 from __future__ import annotations
 
@@ -31,27 +34,36 @@ def parse_spec(text: str) -> SourceSpec:
     scheme, sep, rest = text.partition(":")
     if scheme == "nvml":
         if sep:
-            raise UsageError(f"--source nvml takes no argument (got {text!r})",
-                             "write --source nvml")
+            raise UsageError(
+                f"--source nvml takes no argument (got {text!r})", "write --source nvml"
+            )
         return SourceSpec("nvml")
     if scheme not in SCHEMES:
-        raise UsageError(f"unknown source {text!r}: the scheme must be one of "
-                         f"{', '.join(SCHEMES)}", f"for example: {EXAMPLES}")
+        raise UsageError(
+            f"unknown source {text!r}: the scheme must be one of {', '.join(SCHEMES)}",
+            f"for example: {EXAMPLES}",
+        )
     if not rest:
-        raise UsageError(f"--source {scheme}: needs a file (got {text!r})",
-                         f"write --source {scheme}:FILE[@TIME]")
+        raise UsageError(
+            f"--source {scheme}: needs a file (got {text!r})",
+            f"write --source {scheme}:FILE[@TIME]",
+        )
     path, at_sep, at_text = rest.rpartition("@") if "@" in rest else (rest, "", "")
     at: float | None = None
     if at_sep:
         try:
             at = parse_duration(at_text)
         except ValueError as exc:
-            raise UsageError(f"--source {text}: the time after @ is not a duration: {exc}",
-                             "write e.g. @90s, @2m30s or @1h") from None
+            raise UsageError(
+                f"--source {text}: the time after @ is not a duration: {exc}",
+                "write e.g. @90s, @2m30s or @1h",
+            ) from None
     if not Path(path).is_file():
         what = "is a directory" if Path(path).is_dir() else "no such file"
-        raise UsageError(f"--source {scheme}:{path}: {what}",
-                         f"shipped examples are in scenarios/ (for example {EXAMPLES})")
+        raise UsageError(
+            f"--source {scheme}:{path}: {what}",
+            f"shipped examples are in scenarios/ (for example {EXAMPLES})",
+        )
     return SourceSpec(scheme, path, at)
 
 
@@ -70,8 +82,7 @@ def open_source(spec: SourceSpec, config: Config) -> Source:
     if spec.scheme == "scenario":
         from gpuwarden.sources.scenario import ScenarioSource
 
-        return ScenarioSource.open(spec.path, priorities=config.priorities,
-                                   attributor=attributor)
+        return ScenarioSource.open(spec.path, priorities=config.priorities, attributor=attributor)
     from gpuwarden.sources.smi_csv import SmiCsvSource
 
     return SmiCsvSource(spec.path, host=config.host)

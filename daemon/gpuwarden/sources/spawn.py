@@ -15,6 +15,7 @@ minimal environment otherwise (no secrets of the caller leak into it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -48,7 +49,7 @@ class Standin:
         return self.process.poll() is None
 
     def signals(self) -> list[str]:
-        """Every line the stand-in logged (``ready …``, ``signal SIGUSR1``, ``ack …``, ``exit …``)."""
+        """Each line the stand-in logged: ``ready …``, ``signal SIGUSR1``, ``ack …``, ``exit …``."""
         try:
             text = self.log.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -57,10 +58,8 @@ class Standin:
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, 9)
-            except ProcessLookupError:
-                pass
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -133,11 +132,13 @@ def spawn(
     deadline = time.monotonic() + ready_timeout
     while not any(line.startswith("ready") for line in standin.signals()):
         if process.poll() is not None:
-            raise RuntimeError(f"stand-in for job {job_id!r} exited at start "
-                               f"(status {process.returncode})")
+            raise RuntimeError(
+                f"stand-in for job {job_id!r} exited at start (status {process.returncode})"
+            )
         if time.monotonic() > deadline:
             standin.stop()
-            raise RuntimeError(f"stand-in for job {job_id!r} did not start within "
-                               f"{ready_timeout:g}s")
+            raise RuntimeError(
+                f"stand-in for job {job_id!r} did not start within {ready_timeout:g}s"
+            )
         time.sleep(0.01)
     return standin

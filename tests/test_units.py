@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.units import format_duration, parse_duration
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        (90, 90.0),
+        (1.5, 1.5),
+        ("45", 45.0),
+        ("30s", 30.0),
+        ("2m", 120.0),
+        ("2m30s", 150.0),
+        ("1h30m", 5400.0),
+        ("3d2h", 266400.0),
+        ("500ms", 0.5),
+        (" 1h 5m ", 3900.0),
+    ],
+)
+def test_parse(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "5x", "m5", "-3", -1, True, None, "5m-3s", "1.2.3s"])
+def test_rejects(text: object) -> None:
+    with pytest.raises(ValueError, match=r"duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (59.4, "59s"), (60, "1m"), (150, "2m30s"), (3900, "1h05m"), (266400, "3d02h")],
+)
+def test_format(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
