@@ -35,17 +35,28 @@ def _parser() -> argparse.ArgumentParser:
         description="Incident response for GPU servers: telemetry, playbooks, safe actions.",
     )
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help=f"configuration file (default: {config.DEFAULT_PATH} if it exists)",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
+    # Common options work before or after the command (``gpuwarden status --config F``).
+    common = argparse.ArgumentParser(add_help=False)
+    for target, default in ((parser, None), (common, argparse.SUPPRESS)):
+        target.add_argument(
+            "--config",
+            metavar="FILE",
+            default=default,
+            help=f"configuration file (default: {config.DEFAULT_PATH} if it exists)",
+        )
+        target.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=default or False,
+            help="log more to stderr",
+        )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     status = sub.add_parser(
         "status",
+        parents=[common],
         help="show the GPUs and the processes on them",
         description="Show each GPU and the processes on it.",
     )
@@ -71,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
     record = sub.add_parser(
         "record",
+        parents=[common],
         help="write live telemetry as a scenario file",
         description="Sample a source and write what it saw as a scenario.",
     )

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpuwarden.model import GpuProcess, GpuState, Snapshot
+from gpuwarden.model import EventKind, GpuProcess, GpuState, Snapshot
 
 RECORDED_ENV = ("GPUWARDEN_PRIORITY", "GPUWARDEN_CHECKPOINT_SIGNAL", "SLURM_JOB_ID")
 
@@ -152,6 +152,7 @@ def to_scenario(snapshots: list[Snapshot], name: str) -> dict[str, Any]:
                 if v not in (None, "")
             }
             for e in snap.events
+            if e.kind is not EventKind.GPU_LOST  # replay derives it from ``lost``
         ]
         if events:
             frame["events"] = events

@@ -275,10 +275,9 @@ def _process_lines(proc: GpuProcess, now: float, paint: _Paint, width: int) -> l
 
 def render_table(snap: Snapshot, *, width: int = 80, colour: bool = False) -> str:
     paint = _Paint(colour)
-    lines = [
-        f"{paint(safe_text(snap.host), 'bold')}  {iso(snap.time)}  "
-        f"{paint(safe_text(snap.source), 'dim')}"
-    ]
+    host = _fit(safe_text(snap.host), 30)
+    source = _fit(safe_text(snap.source), max(10, width - len(host) - 24))
+    lines = [f"{paint(host, 'bold')}  {iso(snap.time)}  {paint(source, 'dim')}"]
     for gpu in snap.gpus:
         lines.append("")
         lines.extend(_gpu_lines(gpu, paint, width))
