@@ -23,14 +23,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Names = Annotated[tuple[str, ...], Field(default=())]
+Names = Annotated[tuple[str, ...], Field()]
 
 
 class MatchRule(_Strict):
     """One way to recognise a process. All given conditions must hold (AND); lists are any-of."""
 
-    user: Names
-    group: Names
+    user: Names = ()
+    group: Names = ()
     cmdline: str | None = None
     cgroup: str | None = None
     unit: str | None = None

@@ -1,0 +1,362 @@
+"""Who a GPU process is: its owner, command, container, pod, Slurm job, unit, and priority class.
+
+NVML tells which PIDs hold GPU memory; this module turns each PID into a ``ProcessInfo`` from
+psutil and ``/proc``. It never raises for a PID: a process that is gone is ``orphaned``, a fact
+that may not be read is ``None`` and named in ``access_denied``.
+
+The environment of a process holds secrets (tokens, passwords). Only the keys gpuwarden reads
+(``KEPT_ENV_KEYS``) and the keys the configured match rules name are kept; the rest is dropped
+as soon as it is read.
+"""
+
+from __future__ import annotations
+
+import grp
+import re
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+from gpuwarden.config import MatchRule, Priorities
+from gpuwarden.model import ProcessInfo, bytes_to_mib
+from gpuwarden.sources.cgroups import CgroupFacts, parse_cgroup
+
+ENV_PRIORITY = "GPUWARDEN_PRIORITY"
+ENV_CHECKPOINT_SIGNAL = "GPUWARDEN_CHECKPOINT_SIGNAL"
+ENV_ACK_DIR = "GPUWARDEN_ACK_DIR"
+ENV_SLURM_JOB = "SLURM_JOB_ID"
+KEPT_ENV_KEYS = (ENV_SLURM_JOB, ENV_PRIORITY, ENV_CHECKPOINT_SIGNAL, ENV_ACK_DIR)
+
+# A checkpoint signal must be one the job can catch.
+_UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+_SLURM_JOB_ID = re.compile(r"[0-9]+")
+
+_T = TypeVar("_T")
+
+
+def normalise_signal(value: str | None) -> str | None:
+    """The signal a job asked for, as a name (``"SIGUSR1"``), from ``USR1``, ``sigusr1`` or
+    ``10``. ``None`` for anything else, and for SIGKILL and SIGSTOP, which no job can catch."""
+    if value is None:
+        return None
+    text = value.strip().upper()
+    try:
+        if text.isascii() and text.isdigit():
+            sig = signal.Signals(int(text))
+        else:
+            sig = signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        return None
+    return None if sig in _UNCATCHABLE else sig.name
+
+
+def rule_env_keys(priorities: Priorities) -> tuple[str, ...]:
+    """The environment variables the priority rules look at, sorted."""
+    return tuple(sorted({k for c in priorities.classes for rule in c.match for k in rule.env}))
+
+
+class _CompiledRule:
+    """A MatchRule with its regular expressions compiled. Every given condition must hold; a
+    fact the process does not reveal (``None``) never satisfies a condition on it."""
+
+    def __init__(self, rule: MatchRule) -> None:
+        self.users = frozenset(rule.user)
+        self.groups = frozenset(rule.group)
+        self.cmdline = re.compile(rule.cmdline) if rule.cmdline is not None else None
+        self.cgroup = re.compile(rule.cgroup) if rule.cgroup is not None else None
+        self.unit = re.compile(rule.unit) if rule.unit is not None else None
+        self.env = dict(rule.env)
+
+    def matches(self, info: ProcessInfo) -> bool:
+        if self.users and info.user not in self.users:
+            return False
+        if self.groups and self.groups.isdisjoint(info.groups):
+            return False
+        if self.cmdline is not None and (
+            info.cmdline is None or not self.cmdline.search(" ".join(info.cmdline))
+        ):
+            return False
+        if self.cgroup is not None and (info.cgroup is None or not self.cgroup.search(info.cgroup)):
+            return False
+        if self.unit is not None and (
+            info.systemd_unit is None or not self.unit.fullmatch(info.systemd_unit)
+        ):
+            return False
+        if self.env:
+            env = info.env
+            if env is None or any(env.get(k) != v for k, v in self.env.items()):
+                return False
+        return True
+
+
+class PriorityResolver:
+    """Puts processes in priority classes; build it once per config, call ``resolve`` per process.
+
+    A process takes, in this order:
+
+    1. the first class (``priorities.classes`` is highest first) one of whose match rules
+       matches. In a rule, ``user`` is any of the names; ``group`` any of the names against any
+       of the process's groups; ``cmdline`` is a regex *searched* in the arguments joined with
+       single spaces; ``cgroup`` a regex *searched* in the cgroup path; ``unit`` a regex that
+       must match the *whole* systemd unit name (``jupyter\\.service``, ``session-.*\\.scope``);
+       ``env`` needs every key present with exactly that value;
+    2. the class its job declared in ``GPUWARDEN_PRIORITY`` (any case, surrounding blanks
+       ignored) when that names a class, lowered to ``declared_max`` when it is above it: a job
+       may rank itself lower freely, never higher than ``declared_max``;
+    3. ``priorities.default``.
+    """
+
+    def __init__(self, priorities: Priorities) -> None:
+        self._classes = tuple(
+            (c.name, tuple(_CompiledRule(rule) for rule in c.match)) for c in priorities.classes
+        )
+        self._rank = {name: priorities.rank(name) for name in priorities.names}
+        self._default = priorities.default
+        self._declared_max = priorities.declared_max
+
+    def resolve(self, info: ProcessInfo) -> str:
+        for name, rules in self._classes:
+            if any(rule.matches(info) for rule in rules):
+                return name
+        if info.declared_priority is not None:
+            declared = info.declared_priority.strip().lower()
+            if declared in self._rank:
+                if self._rank[declared] > self._rank[self._declared_max]:
+                    return self._declared_max
+                return declared
+        return self._default
+
+
+def resolve_priority(priorities: Priorities, info: ProcessInfo) -> str:
+    """The priority class of one process (see ``PriorityResolver``, which compiles once)."""
+    return PriorityResolver(priorities).resolve(info)
+
+
+@dataclass
+class _Draft:
+    """A ProcessInfo being filled in, fact by fact."""
+
+    pid: int
+    name: str | None = None
+    cmdline: tuple[str, ...] | None = None
+    user: str | None = None
+    uid: int | None = None
+    groups: tuple[str, ...] = ()
+    create_time: float | None = None
+    status: str | None = None
+    nice: int | None = None
+    cpu_pct: float | None = None
+    rss_mib: int | None = None
+    cgroup: CgroupFacts = field(default_factory=CgroupFacts)
+    env: dict[str, str] | None = None
+    denied: list[str] = field(default_factory=list)
+    zombie: bool = False
+
+    def read(self, fact: str, getter: Callable[[], _T]) -> _T | None:
+        """One psutil call: denied -> None (and noted), zombie or gone -> None. psutil also says
+        "no such process" for single files of a live process (a kernel thread's environ), so
+        whether the process is gone is decided once, after all facts are read."""
+        try:
+            return getter()
+        except psutil.ZombieProcess:
+            self.zombie = True
+            return None
+        except psutil.NoSuchProcess:
+            return None
+        except psutil.AccessDenied:
+            self.denied.append(fact)
+            return None
+
+    def freeze(self) -> ProcessInfo:
+        if self.zombie or self.status == "zombie":
+            # Whatever was read before it died, a zombie has no command line or environment.
+            self.status, self.cmdline, self.env = "zombie", None, None
+        env = self.env
+        slurm_job = self.cgroup.slurm_job
+        if slurm_job is None and env is not None:
+            declared_job = env.get(ENV_SLURM_JOB, "").strip()
+            slurm_job = declared_job if _SLURM_JOB_ID.fullmatch(declared_job) else None
+        declared = env.get(ENV_PRIORITY, "").strip().lower() if env is not None else ""
+        return ProcessInfo(
+            pid=self.pid,
+            name=self.name,
+            cmdline=self.cmdline,
+            user=self.user,
+            uid=self.uid,
+            groups=self.groups,
+            create_time=self.create_time,
+            status=self.status,
+            nice=self.nice,
+            cpu_pct=self.cpu_pct,
+            rss_mib=self.rss_mib,
+            container=self.cgroup.container,
+            pod=self.cgroup.pod,
+            slurm_job=slurm_job,
+            systemd_unit=self.cgroup.systemd_unit,
+            cgroup=self.cgroup.path,
+            env=env,
+            declared_priority=declared or None,
+            checkpoint_signal=normalise_signal(env.get(ENV_CHECKPOINT_SIGNAL))
+            if env is not None
+            else None,
+            access_denied=tuple(dict.fromkeys(self.denied)),
+        )
+
+
+class Attributor:
+    """Describes PIDs (as NVML reports them) with psutil and ``/proc``; keep one per daemon.
+
+    ``env_keys`` are environment variables to keep besides ``KEPT_ENV_KEYS`` and those the
+    priority rules name (which are always kept). ``proc_root`` is where the files psutil does
+    not parse are read, ``PID/cgroup`` and ``PID/status`` (supplementary groups); psutil itself
+    reads ``psutil.PROCFS_PATH``.
+
+    The facts named in ``ProcessInfo.access_denied`` are among ``name``, ``cmdline``, ``user``,
+    ``uid``, ``groups``, ``create_time``, ``status``, ``nice``, ``cpu_pct``, ``rss_mib``,
+    ``cgroup`` and ``environ``; ``environ`` is the usual one (reading another user's environment
+    needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH), and without it the priority, checkpoint
+    signal and Slurm job fall back to what the cgroup and the rules say.
+    """
+
+    def __init__(
+        self,
+        priorities: Priorities,
+        *,
+        env_keys: Iterable[str] = (),
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self._resolver = PriorityResolver(priorities)
+        self._keep = frozenset((*KEPT_ENV_KEYS, *env_keys, *rule_env_keys(priorities)))
+        self._proc_root = proc_root
+        # psutil measures CPU between two calls on the same Process object: one per process
+        # identity, dropped when the process is no longer asked about.
+        self._cpu: dict[tuple[int, float], psutil.Process] = {}
+
+    def describe(self, pids: Iterable[int], now: float) -> dict[int, ProcessInfo]:
+        """One ``ProcessInfo`` per distinct PID, priority resolved. Never raises for a PID.
+
+        ``now`` is the caller's time of this observation; CPU use is measured on psutil's own
+        monotonic clock between consecutive calls, so the first call for a process gives
+        ``cpu_pct=None``; it is a percentage of one CPU (above 100 when several are busy).
+        """
+        seen: set[tuple[int, float]] = set()
+        group_names: dict[int, str] = {}
+        described: dict[int, ProcessInfo] = {}
+        for pid in pids:
+            if pid in described:
+                continue
+            info = self._describe_one(pid, seen, group_names)
+            described[pid] = replace(info, priority=self._resolver.resolve(info))
+        self._cpu = {key: proc for key, proc in self._cpu.items() if key in seen}
+        return described
+
+    def _describe_one(
+        self, pid: int, seen: set[tuple[int, float]], group_names: dict[int, str]
+    ) -> ProcessInfo:
+        if pid <= 0:
+            return ProcessInfo(pid=pid, orphaned=True)
+        draft = _Draft(pid)
+        # The process may exit, or its PID be reused, while it is read. If, once read, it is no
+        # longer the process it was, it is orphaned when its PID is free, and read once more
+        # when the PID has a new owner (the one NVML may well mean).
+        for _attempt in range(2):
+            try:
+                proc = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                return ProcessInfo(pid=pid, orphaned=True)
+            except psutil.AccessDenied:
+                return ProcessInfo(pid=pid, access_denied=("create_time",))
+            draft = _Draft(pid)
+            with proc.oneshot():
+                self._read(proc, draft, seen, group_names)
+            if proc.is_running():
+                return draft.freeze()
+            if not psutil.pid_exists(pid):
+                return ProcessInfo(pid=pid, orphaned=True)
+        return draft.freeze()
+
+    def _read(
+        self,
+        proc: psutil.Process,
+        draft: _Draft,
+        seen: set[tuple[int, float]],
+        group_names: dict[int, str],
+    ) -> None:
+        draft.create_time = draft.read("create_time", proc.create_time)
+        draft.status = draft.read("status", proc.status)
+        draft.name = draft.read("name", proc.name)
+        cmdline = draft.read("cmdline", proc.cmdline)
+        draft.cmdline = tuple(cmdline) if cmdline is not None else None
+        uids = draft.read("uid", proc.uids)
+        draft.uid = uids.real if uids is not None else None
+        draft.user = draft.read("user", proc.username)
+        draft.nice = draft.read("nice", proc.nice)
+        memory = draft.read("rss_mib", proc.memory_info)
+        draft.rss_mib = bytes_to_mib(memory.rss) if memory is not None else None
+        draft.cpu_pct = self._cpu_pct(proc, draft, seen)
+        draft.groups = self._groups(proc, draft, group_names)
+        cgroup_text = self._read_proc_file(proc.pid, "cgroup", draft)
+        if cgroup_text is not None:
+            draft.cgroup = parse_cgroup(cgroup_text)
+        environ = draft.read("environ", proc.environ)
+        if environ is not None:
+            draft.env = {k: v for k, v in environ.items() if k in self._keep}
+
+    def _cpu_pct(
+        self, proc: psutil.Process, draft: _Draft, seen: set[tuple[int, float]]
+    ) -> float | None:
+        if draft.create_time is None:
+            return None
+        key = (proc.pid, draft.create_time)
+        seen.add(key)
+        known = self._cpu.get(key)
+        if known is None:
+            # The first call only sets psutil's baseline (and answers a meaningless 0.0).
+            self._cpu[key] = proc
+            draft.read("cpu_pct", lambda: proc.cpu_percent(None))
+            return None
+        return draft.read("cpu_pct", lambda: known.cpu_percent(None))
+
+    def _groups(
+        self, proc: psutil.Process, draft: _Draft, group_names: dict[int, str]
+    ) -> tuple[str, ...]:
+        """Names of the real group and the supplementary groups (a number when unnamed)."""
+        gids: list[int] = []
+        found = draft.read("groups", proc.gids)
+        if found is not None:
+            gids.append(found.real)
+        status = self._read_proc_file(proc.pid, "status", draft, fact="groups")
+        for line in (status or "").splitlines():
+            if line.startswith("Groups:"):
+                gids.extend(int(g) for g in line.split()[1:] if g.isdigit())
+                break
+        return tuple(dict.fromkeys(_group_name(gid, group_names) for gid in gids))
+
+    def _read_proc_file(
+        self, pid: int, name: str, draft: _Draft, *, fact: str | None = None
+    ) -> str | None:
+        """A /proc file as text; a missing file is an unknown fact (the caller's final liveness
+        check decides whether the process is gone), a forbidden one is noted."""
+        try:
+            data = (self._proc_root / str(pid) / name).read_bytes()
+        except PermissionError:
+            draft.denied.append(fact or name)
+            return None
+        except OSError:
+            return None
+        return data.decode("utf-8", errors="replace")
+
+
+def _group_name(gid: int, cache: dict[int, str]) -> str:
+    name = cache.get(gid)
+    if name is None:
+        try:
+            name = grp.getgrgid(gid).gr_name
+        except KeyError:
+            name = str(gid)
+        cache[gid] = name
+    return name
