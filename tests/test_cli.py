@@ -93,21 +93,31 @@ timeline:
     [
         (["status", "--source", "scenario:scenarios/thermal-throttling.yaml"], ExitCode.OK, ""),
         (["status", "--source", "ftp:x"], ExitCode.BAD_INPUT, "gpuwarden: unknown source"),
-        (["status", "--source", "scenario:absent.yaml"], ExitCode.BAD_INPUT,
-         "gpuwarden: --source scenario:absent.yaml: no such file"),
-        (["status", "--source", "scenario:scenarios/thermal-throttling.yaml@soon"],
-         ExitCode.BAD_INPUT, "gpuwarden: --source scenario:scenarios/thermal-throttling.yaml@soon"),
+        (
+            ["status", "--source", "scenario:absent.yaml"],
+            ExitCode.BAD_INPUT,
+            "gpuwarden: --source scenario:absent.yaml: no such file",
+        ),
+        (
+            ["status", "--source", "scenario:scenarios/thermal-throttling.yaml@soon"],
+            ExitCode.BAD_INPUT,
+            "gpuwarden: --source scenario:scenarios/thermal-throttling.yaml@soon",
+        ),
         (["status", "--source", "scenario:BAD"], ExitCode.BAD_INPUT, "BAD:3:34: gpus.0.memory"),
         (["status", "--source", "nvml:x"], ExitCode.BAD_INPUT, "gpuwarden: --source nvml takes"),
-        (["status", "--config", "BAD", "--source", "scenario:scenarios/thermal-throttling.yaml"],
-         ExitCode.BAD_INPUT, "BAD:1:1: name: unknown field"),
+        (
+            ["status", "--config", "BAD", "--source", "scenario:scenarios/thermal-throttling.yaml"],
+            ExitCode.BAD_INPUT,
+            "BAD:1:1: name: unknown field",
+        ),
         (["status", "--bogus"], ExitCode.BAD_INPUT, "usage: gpuwarden"),
         ([], ExitCode.BAD_INPUT, "usage: gpuwarden"),
         (["status", "--source", "nvml"], None, ""),
     ],
 )
-def test_exit_codes(tmp_path: Path, args: list[str], code: ExitCode | None,
-                    stderr_start: str) -> None:
+def test_exit_codes(
+    tmp_path: Path, args: list[str], code: ExitCode | None, stderr_start: str
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD_SCENARIO)
     args = [a.replace("BAD", str(bad)) for a in args]
@@ -124,13 +134,16 @@ def test_exit_codes(tmp_path: Path, args: list[str], code: ExitCode | None,
 
 def test_malformed_scenario_lists_every_problem_with_position(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\ngpus:\n  - {index: 0, memory_total_mib: 0}\n"
-                   "jobs: [{id: a, cmdline: a}]\n"
-                   "timeline:\n  - {at: 1m, gpus: {0: {jobs: {b: 1}}}}\n  - {at: 30s}\n")
+    bad.write_text(
+        "name: x\ngpus:\n  - {index: 0, memory_total_mib: 0}\n"
+        "jobs: [{id: a, cmdline: a}]\n"
+        "timeline:\n  - {at: 1m, gpus: {0: {jobs: {b: 1}}}}\n  - {at: 30s}\n"
+    )
     result = gpuwarden("status", "--source", f"scenario:{bad}")
     assert result.returncode == ExitCode.BAD_INPUT
     assert result.stderr.splitlines()[0] == (
-        f"{bad}:3:34: gpus.0.memory_total_mib: input should be greater than 0 (got 0)")
+        f"{bad}:3:34: gpus.0.memory_total_mib: input should be greater than 0 (got 0)"
+    )
     bad.write_text(bad.read_text().replace("memory_total_mib: 0", "memory_total_mib: 10"))
     lines = gpuwarden("status", "--source", f"scenario:{bad}").stderr.splitlines()
     assert lines[0].startswith(f"{bad}:6:32: unknown job 'b' — expected one of the jobs: a")
@@ -139,15 +152,27 @@ def test_malformed_scenario_lists_every_problem_with_position(tmp_path: Path) ->
 
 def test_record_round_trips_through_the_scenario_format(tmp_path: Path) -> None:
     out = tmp_path / "rec.yaml"
-    result = gpuwarden("record", "--source", "scenario:scenarios/xid79-one-of-eight.yaml@4m",
-                       "--out", str(out), "--duration", "2m", "--interval", "30s")
+    result = gpuwarden(
+        "record",
+        "--source",
+        "scenario:scenarios/xid79-one-of-eight.yaml@4m",
+        "--out",
+        str(out),
+        "--duration",
+        "2m",
+        "--interval",
+        "30s",
+    )
     assert result.returncode == 0, result.stderr
     assert "recorded 5 samples of 8 GPU(s) and 8 process(es)" in result.stderr
     replay = gpuwarden("status", "--source", f"scenario:{out}@60s", "--json")
     assert replay.returncode == 0, replay.stderr
     recorded = json.loads(replay.stdout)
-    original = json.loads(gpuwarden(
-        "status", "--source", "scenario:scenarios/xid79-one-of-eight.yaml@5m", "--json").stdout)
+    original = json.loads(
+        gpuwarden(
+            "status", "--source", "scenario:scenarios/xid79-one-of-eight.yaml@5m", "--json"
+        ).stdout
+    )
     assert recorded["time"] == original["time"]
     assert [g["lost"] for g in recorded["gpus"]] == [g["lost"] for g in original["gpus"]]
     assert [(e["kind"], e["gpu"], e["xid"]) for e in recorded["events"]] == [("xid", 5, 79)]
@@ -171,9 +196,21 @@ def test_record_never_writes_half_a_file(tmp_path: Path) -> None:
 
 def test_watch_refreshes_until_interrupted() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "status", "--json", "--watch", "0.2",
-         "--source", "scenario:scenarios/memory-pressure-low-priority.yaml@1m"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "status",
+            "--json",
+            "--watch",
+            "0.2",
+            "--source",
+            "scenario:scenarios/memory-pressure-low-priority.yaml@1m",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None
     lines = [process.stdout.readline() for _ in range(3)]

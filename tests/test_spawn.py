@@ -1,0 +1,125 @@
+"""Stand-in processes: their command lines read like the jobs', and they react to real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.sources.spawn import Standin, spawn
+
+
+def cmdline_of(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().rstrip("\0").split("\0")
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    items = Path(f"/proc/{pid}/environ").read_text().rstrip("\0").split("\0")
+    return dict(item.split("=", 1) for item in items)
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def started(tmp_path: Path):
+    standins: list[Standin] = []
+
+    def start(cmdline: tuple[str, ...], env: dict[str, str] | None = None, **kw) -> Standin:
+        s = spawn("job", cmdline, env or {}, tmp_path / f"job{len(standins)}", **kw)
+        standins.append(s)
+        return s
+
+    yield start
+    for s in standins:
+        s.stop()
+
+
+@pytest.mark.parametrize(
+    "cmdline",
+    [
+        ("python", "train.py", "--model", "llama"),
+        ("python3", "scripts/finetune.py", "--lr", "3e-4"),
+        ("python3.11", "-m", "torch.distributed.run", "--nproc-per-node", "8", "train.py"),
+    ],
+)
+def test_python_command_lines_are_reproduced_exactly(started, cmdline) -> None:
+    assert cmdline_of(started(cmdline).pid) == list(cmdline)
+
+
+def test_other_command_lines_are_carried_after_the_launcher(started) -> None:
+    s = started(("jupyter-lab", "--no-browser", "--port", "8888"))
+    argv = cmdline_of(s.pid)
+    assert argv[0] == sys.executable
+    assert argv[1].endswith("gpuwarden-standin.py")
+    assert argv[2:] == ["jupyter-lab", "--no-browser", "--port", "8888"]
+
+
+def test_a_path_escaping_the_workdir_is_not_written(started, tmp_path: Path) -> None:
+    s = started(("python", "../../escape.py"))
+    assert not (tmp_path / "escape.py").exists()
+    assert not (tmp_path.parent / "escape.py").exists()
+    assert cmdline_of(s.pid)[2:] == ["python", "../../escape.py"]
+
+
+def test_environment_is_the_jobs_own(started, monkeypatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
+    s = started(("python", "t.py"), {"GPUWARDEN_PRIORITY": "low"})
+    env = environ_of(s.pid)
+    assert env["GPUWARDEN_PRIORITY"] == "low"
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["GPUWARDEN_ACK_DIR"] == str(s.ack_dir)
+
+
+def test_each_stand_in_leads_its_own_process_group(started) -> None:
+    s = started(("python", "t.py"))
+    assert os.getpgid(s.pid) == s.pid
+    assert os.getsid(s.pid) == s.pid
+
+
+def test_suspend_and_resume_are_logged(started) -> None:
+    s = started(("python", "t.py"))
+    os.kill(s.pid, signal.SIGSTOP)
+    wait_until(lambda: Path(f"/proc/{s.pid}/stat").read_text().split()[2] == "T")
+    os.kill(s.pid, signal.SIGCONT)
+    wait_until(lambda: "signal SIGCONT" in s.signals())
+    assert s.alive()
+
+
+def test_on_term_ignore_needs_sigkill(started) -> None:
+    s = started(("python", "t.py"), on_term="ignore")
+    os.kill(s.pid, signal.SIGTERM)
+    wait_until(lambda: "signal SIGTERM" in s.signals())
+    assert s.alive()
+    os.kill(s.pid, signal.SIGKILL)
+    wait_until(lambda: not s.alive())
+    assert s.process.returncode == -signal.SIGKILL
+
+
+def test_ack_never_and_delayed(started) -> None:
+    env = {"GPUWARDEN_CHECKPOINT_SIGNAL": "SIGUSR2"}
+    silent = started(("python", "a.py"), env, ack="never")
+    slow = started(("python", "b.py"), env, ack="0.3")
+    for s in (silent, slow):
+        os.kill(s.pid, signal.SIGUSR2)
+    wait_until(lambda: "ack SIGUSR2" in slow.signals())
+    assert (slow.ack_dir / f"{slow.pid}.ack").exists()
+    assert silent.signals() == [f"ready pid={silent.pid}", "signal SIGUSR2"]
+    assert not (silent.ack_dir / f"{silent.pid}.ack").exists()
+
+
+def test_non_checkpoint_signals_are_only_logged(started) -> None:
+    s = started(("python", "t.py"), {"GPUWARDEN_CHECKPOINT_SIGNAL": "SIGUSR1"})
+    os.kill(s.pid, signal.SIGUSR2)
+    os.kill(s.pid, signal.SIGHUP)
+    wait_until(lambda: {"signal SIGHUP", "signal SIGUSR2"} <= set(s.signals()))
+    assert not any(line.startswith("ack") for line in s.signals())
+    assert s.alive()
