@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden.config import Priorities
+from gpuwarden.model import Snapshot
 from gpuwarden.sources.procs import Attributor
 from gpuwarden.sources.scenario import ScenarioSource
 from gpuwarden.sources.smi_csv import SmiCsvSource
@@ -51,7 +52,7 @@ def main() -> int:
     eight = ScenarioSource.open(ROOT / "scenarios" / "xid79-one-of-eight.yaml")
     clock = [eight.start_time]
 
-    def tick_eight() -> object:
+    def tick_eight() -> Snapshot:
         clock[0] += 1
         return eight.snapshot(clock[0])
 

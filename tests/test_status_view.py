@@ -36,10 +36,10 @@ def gpu(index: int = 0, **kw: object) -> GpuState:
     return GpuState(**base)  # type: ignore[arg-type]
 
 
-def proc(pid: int, **kw: object) -> GpuProcess:
+def proc(pid: int) -> GpuProcess:
     info = ProcessInfo(
-        pid=pid, user="alice", cmdline=("python", "train.py"), create_time=NOW - 3600, **kw
-    )  # type: ignore[arg-type]
+        pid=pid, user="alice", cmdline=("python", "train.py"), create_time=NOW - 3600
+    )
     return GpuProcess(pid=pid, gpu=0, gpu_memory_mib=1000, info=info, sm_util_pct=50)
 
 
