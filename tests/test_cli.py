@@ -44,6 +44,8 @@ def test_status_json_of_each_shipped_source_matches_the_schema(path: Path) -> No
     document = json.loads(result.stdout)
     jsonschema.validate(document, SCHEMA)
     assert document["gpus"], "a shipped scenario shows at least one GPU"
+    # an nvidia-smi --query-gpu log cannot see processes: an empty list must not read as "none"
+    assert document["processes_visible"] is (scheme == "scenario")
 
 
 def test_status_table_fits_80_columns() -> None:

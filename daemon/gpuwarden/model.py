@@ -220,6 +220,9 @@ class Snapshot:
     processes: tuple[GpuProcess, ...] = ()
     events: tuple[Event, ...] = ()
     source: str = ""
+    # False when the source cannot see processes at all (an nvidia-smi --query-gpu log):
+    # an empty ``processes`` then means "unknown", not "none".
+    processes_visible: bool = True
 
     def gpu(self, index: int) -> GpuState | None:
         for state in self.gpus:

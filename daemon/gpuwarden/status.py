@@ -132,6 +132,7 @@ def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
         "host": snap.host,
         "time": iso(snap.time),
         "source": snap.source,
+        "processes_visible": snap.processes_visible,
         "gpus": [gpu_dict(g) for g in snap.gpus],
         "processes": [process_dict(p, snap.time) for p in snap.processes],
         "events": [event_dict(e) for e in snap.events],
@@ -286,8 +287,11 @@ def render_table(snap: Snapshot, *, width: int = 80, colour: bool = False) -> st
             lines.append(paint(_HEADER, "dim"))
             for proc in sorted(procs, key=lambda p: -(p.gpu_memory_mib or 0)):
                 lines.extend(_process_lines(proc, snap.time, paint, width))
-        elif not gpu.lost:
+        elif not gpu.lost and snap.processes_visible:
             lines.append(paint("  no processes", "dim"))
+    if not snap.processes_visible:
+        lines.append("")
+        lines.append(paint("processes: not recorded by this source", "dim"))
     if snap.events:
         lines.append("")
         lines.append(paint("events", "bold"))

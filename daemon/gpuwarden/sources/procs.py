@@ -7,17 +7,35 @@ that may not be read is ``None`` and named in ``access_denied``.
 The environment of a process holds secrets (tokens, passwords). Only the keys gpuwarden reads
 (``KEPT_ENV_KEYS``) and the keys the configured match rules name are kept; the rest is dropped
 as soon as it is read.
+
+Most of what describes a process is fixed for its life: owner, command line, cgroup, initial
+environment, hence container, pod, Slurm job, unit and priority. They are read once per process
+identity, the PID with the start time in ``/proc/PID/stat``, and kept while the PID is asked
+about; each later call reads one file, ``/proc/PID/stat``, for what changes (status, nice, CPU
+time, resident memory) and to check that the PID still belongs to the same program:
+
+- a new start time is a new process: a reused PID never inherits the facts of the last one;
+- an ``exec()`` keeps the PID and start time but changes the command name or the memory layout
+  (``startcode``, ``endcode``, ``startstack``, ``arg_start``..``env_end``, which the kernel
+  randomises per ``exec()``): either change means the facts are read again. Without ptrace
+  access to a process (the daemon runs with CAP_SYS_PTRACE) the kernel shows those addresses as
+  0, and only a change of command name is seen;
+- what a process can change without ``exec()`` (its uid by ``setuid()``, its cgroup when moved,
+  its title by rewriting ``argv``) is seen when the facts are read again, at the latest
+  ``refresh_after`` seconds after the last reading.
 """
 
 from __future__ import annotations
 
 import grp
+import os
 import re
 import signal
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import psutil
 
@@ -136,6 +154,76 @@ def resolve_priority(priorities: Priorities, info: ProcessInfo) -> str:
     return PriorityResolver(priorities).resolve(info)
 
 
+# What a one-letter state in /proc/PID/stat is called (the names psutil gives them).
+_STATES: Final = {
+    b"R": psutil.STATUS_RUNNING,
+    b"S": psutil.STATUS_SLEEPING,
+    b"D": psutil.STATUS_DISK_SLEEP,
+    b"T": psutil.STATUS_STOPPED,
+    b"t": psutil.STATUS_TRACING_STOP,
+    b"Z": psutil.STATUS_ZOMBIE,
+    b"X": psutil.STATUS_DEAD,
+    b"x": psutil.STATUS_DEAD,
+    b"K": psutil.STATUS_WAKE_KILL,
+    b"W": psutil.STATUS_WAKING,
+    b"I": psutil.STATUS_IDLE,
+    b"P": psutil.STATUS_PARKED,
+}
+# A process in one of these states has lost its command line and environment: read afresh.
+_ENDING: Final = frozenset({b"Z", b"X", b"x"})
+# Facts that /proc/PID/stat gives on every call; a denial of one of them is not kept.
+_DYNAMIC: Final = frozenset({"status", "nice", "cpu_pct", "rss_mib"})
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    """What one read of ``/proc/PID/stat`` gives."""
+
+    start: int  # clock ticks from boot to the process's start: with the PID, its identity
+    state: bytes
+    nice: int
+    cpu_ticks: int  # user + system
+    rss_pages: int
+    program: tuple[bytes, ...]  # command name and memory layout, both changed by exec()
+
+
+def _parse_stat(data: bytes) -> _Stat | None:
+    """``pid (comm) state ppid ...`` (proc(5)); the name may hold spaces and parentheses, so
+    the fields are counted from the last ``)``. ``None`` when the text is not such a line."""
+    left, right = data.find(b"("), data.rfind(b")")
+    if left < 0 or right < left:
+        return None
+    fields = data[right + 2 :].split()  # fields[n - 3] is field n of proc(5)
+    if len(fields) < 26:
+        return None
+    try:
+        return _Stat(
+            start=int(fields[19]),
+            state=fields[0],
+            nice=int(fields[16]),
+            cpu_ticks=int(fields[11]) + int(fields[12]),
+            rss_pages=int(fields[21]),
+            program=(data[left + 1 : right], *fields[23:26], *fields[45:49]),
+        )
+    except ValueError:
+        return None
+
+
+@dataclass(slots=True)
+class _Known:
+    """One process identity as last seen: the CPU time baseline, and the facts read for it
+    (``facts`` is ``None`` while they are not kept, e.g. for a zombie)."""
+
+    start: int
+    cpu_ticks: int
+    cpu_at: float
+    program: tuple[bytes, ...] = ()
+    facts: ProcessInfo | None = None
+    read_at: float = 0.0
+
+
 @dataclass
 class _Draft:
     """A ProcessInfo being filled in, fact by fact."""
@@ -149,7 +237,6 @@ class _Draft:
     create_time: float | None = None
     status: str | None = None
     nice: int | None = None
-    cpu_pct: float | None = None
     rss_mib: int | None = None
     cgroup: CgroupFacts = field(default_factory=CgroupFacts)
     env: dict[str, str] | None = None
@@ -191,7 +278,6 @@ class _Draft:
             create_time=self.create_time,
             status=self.status,
             nice=self.nice,
-            cpu_pct=self.cpu_pct,
             rss_mib=self.rss_mib,
             container=self.cgroup.container,
             pod=self.cgroup.pod,
@@ -212,8 +298,10 @@ class Attributor:
 
     ``env_keys`` are environment variables to keep besides ``KEPT_ENV_KEYS`` and those the
     priority rules name (which are always kept). ``proc_root`` is where the files psutil does
-    not parse are read, ``PID/cgroup`` and ``PID/status`` (supplementary groups); psutil itself
-    reads ``psutil.PROCFS_PATH``.
+    not parse are read: ``PID/stat`` (identity and the facts that change), ``PID/cgroup`` and
+    ``PID/status`` (supplementary groups); psutil itself reads ``psutil.PROCFS_PATH``.
+    ``refresh_after`` (seconds of the ``now`` given to ``describe``) bounds how long the facts
+    read for a process are kept before they are read again (see the module's docstring).
 
     The facts named in ``ProcessInfo.access_denied`` are among ``name``, ``cmdline``, ``user``,
     ``uid``, ``groups``, ``create_time``, ``status``, ``nice``, ``cpu_pct``, ``rss_mib``,
@@ -228,37 +316,92 @@ class Attributor:
         *,
         env_keys: Iterable[str] = (),
         proc_root: Path = Path("/proc"),
+        refresh_after: float = 300.0,
     ) -> None:
         self._resolver = PriorityResolver(priorities)
         self._keep = frozenset((*KEPT_ENV_KEYS, *env_keys, *rule_env_keys(priorities)))
         self._proc_root = proc_root
-        # psutil measures CPU between two calls on the same Process object: one per process
-        # identity, dropped when the process is no longer asked about.
-        self._cpu: dict[tuple[int, float], psutil.Process] = {}
+        self._stat_path = f"{proc_root}/{{}}/stat"
+        self._refresh_after = refresh_after
+        # One entry per PID asked about in the last call, dropped when it is not asked again.
+        self._known: dict[int, _Known] = {}
 
     def describe(self, pids: Iterable[int], now: float) -> dict[int, ProcessInfo]:
         """One ``ProcessInfo`` per distinct PID, priority resolved. Never raises for a PID.
 
-        ``now`` is the caller's time of this observation; CPU use is measured on psutil's own
-        monotonic clock between consecutive calls, so the first call for a process gives
+        ``now`` is the caller's time of this observation. CPU use is measured on a monotonic
+        clock between consecutive calls, so the first call for a process gives
         ``cpu_pct=None``; it is a percentage of one CPU (above 100 when several are busy).
         """
-        seen: set[tuple[int, float]] = set()
+        known: dict[int, _Known] = {}
         group_names: dict[int, str] = {}
         described: dict[int, ProcessInfo] = {}
         for pid in pids:
-            if pid in described:
-                continue
-            info = self._describe_one(pid, seen, group_names)
-            described[pid] = replace(info, priority=self._resolver.resolve(info))
-        self._cpu = {key: proc for key, proc in self._cpu.items() if key in seen}
+            if pid not in described:
+                described[pid] = self._describe_one(pid, now, known, group_names)
+        self._known = known
         return described
 
     def _describe_one(
-        self, pid: int, seen: set[tuple[int, float]], group_names: dict[int, str]
+        self, pid: int, now: float, known: dict[int, _Known], group_names: dict[int, str]
     ) -> ProcessInfo:
         if pid <= 0:
-            return ProcessInfo(pid=pid, orphaned=True)
+            return self._resolved(ProcessInfo(pid=pid, orphaned=True))
+        stat = self._read_stat(pid)
+        if stat is None:  # gone (psutil will say so), or a proc_root without stat files
+            return self._resolved(self._read_all(pid, group_names))
+        clock = time.monotonic()
+        last = self._known.get(pid)
+        if last is not None and last.start != stat.start:
+            last = None  # the PID has a new owner: nothing of the last one carries over
+        cpu_pct = _cpu_pct(last, stat, clock)
+        mark = _Known(stat.start, stat.cpu_ticks, clock)
+        if (
+            last is not None
+            and last.facts is not None
+            and last.program == stat.program
+            and stat.state not in _ENDING
+            and abs(now - last.read_at) < self._refresh_after
+        ):
+            mark.program, mark.facts, mark.read_at = last.program, last.facts, last.read_at
+            known[pid] = mark
+            return replace(
+                last.facts,
+                status=_STATES.get(stat.state),
+                nice=stat.nice,
+                cpu_pct=cpu_pct,
+                rss_mib=bytes_to_mib(stat.rss_pages * _PAGE_SIZE),
+            )
+        info = self._resolved(self._read_all(pid, group_names))
+        after = self._read_stat(pid)
+        if info.orphaned or after is None or after.start != stat.start:
+            return info  # it changed hands while read: what was read is all that is known
+        # The same process from before the reading to after it: what was read is its own.
+        known[pid] = mark
+        if not info.zombie:
+            mark.program, mark.read_at = stat.program, now
+            mark.facts = replace(
+                info, access_denied=tuple(f for f in info.access_denied if f not in _DYNAMIC)
+            )
+        return replace(info, cpu_pct=cpu_pct)
+
+    def _resolved(self, info: ProcessInfo) -> ProcessInfo:
+        return replace(info, priority=self._resolver.resolve(info))
+
+    def _read_stat(self, pid: int) -> _Stat | None:
+        try:
+            fd = os.open(self._stat_path.format(pid), os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            return _parse_stat(os.read(fd, 4096))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def _read_all(self, pid: int, group_names: dict[int, str]) -> ProcessInfo:
+        """Every fact but CPU use, with psutil; the facts are priority-free."""
         draft = _Draft(pid)
         # The process may exit, or its PID be reused, while it is read. If, once read, it is no
         # longer the process it was, it is orphaned when its PID is free, and read once more
@@ -272,20 +415,14 @@ class Attributor:
                 return ProcessInfo(pid=pid, access_denied=("create_time",))
             draft = _Draft(pid)
             with proc.oneshot():
-                self._read(proc, draft, seen, group_names)
+                self._read(proc, draft, group_names)
             if proc.is_running():
                 return draft.freeze()
             if not psutil.pid_exists(pid):
                 return ProcessInfo(pid=pid, orphaned=True)
         return draft.freeze()
 
-    def _read(
-        self,
-        proc: psutil.Process,
-        draft: _Draft,
-        seen: set[tuple[int, float]],
-        group_names: dict[int, str],
-    ) -> None:
+    def _read(self, proc: psutil.Process, draft: _Draft, group_names: dict[int, str]) -> None:
         draft.create_time = draft.read("create_time", proc.create_time)
         draft.status = draft.read("status", proc.status)
         draft.name = draft.read("name", proc.name)
@@ -297,7 +434,6 @@ class Attributor:
         draft.nice = draft.read("nice", proc.nice)
         memory = draft.read("rss_mib", proc.memory_info)
         draft.rss_mib = bytes_to_mib(memory.rss) if memory is not None else None
-        draft.cpu_pct = self._cpu_pct(proc, draft, seen)
         draft.groups = self._groups(proc, draft, group_names)
         cgroup_text = self._read_proc_file(proc.pid, "cgroup", draft)
         if cgroup_text is not None:
@@ -305,21 +441,6 @@ class Attributor:
         environ = draft.read("environ", proc.environ)
         if environ is not None:
             draft.env = {k: v for k, v in environ.items() if k in self._keep}
-
-    def _cpu_pct(
-        self, proc: psutil.Process, draft: _Draft, seen: set[tuple[int, float]]
-    ) -> float | None:
-        if draft.create_time is None:
-            return None
-        key = (proc.pid, draft.create_time)
-        seen.add(key)
-        known = self._cpu.get(key)
-        if known is None:
-            # The first call only sets psutil's baseline (and answers a meaningless 0.0).
-            self._cpu[key] = proc
-            draft.read("cpu_pct", lambda: proc.cpu_percent(None))
-            return None
-        return draft.read("cpu_pct", lambda: known.cpu_percent(None))
 
     def _groups(
         self, proc: psutil.Process, draft: _Draft, group_names: dict[int, str]
@@ -349,6 +470,14 @@ class Attributor:
         except OSError:
             return None
         return data.decode("utf-8", errors="replace")
+
+
+def _cpu_pct(last: _Known | None, stat: _Stat, clock: float) -> float | None:
+    """CPU use since the last observation of the same process, in % of one CPU."""
+    if last is None or clock <= last.cpu_at:
+        return None
+    used = (stat.cpu_ticks - last.cpu_ticks) / _CLOCK_TICKS
+    return round(used / (clock - last.cpu_at) * 100, 1)
 
 
 def _group_name(gid: int, cache: dict[int, str]) -> str:
