@@ -1,19 +1,32 @@
-"""The daemon's configuration file (``gpuwarden.yaml``): who is who on this machine.
+"""The daemon's configuration file (``gpuwarden.yaml``): how it runs and who is who.
 
-This module holds what telemetry needs: the host name and the priority classes with the rules
-that put a process in one. Later sections (playbooks, protected processes, notification targets,
-cloud profiles) join it as they are built. Unknown keys are errors, with file:line:col.
+Playbooks say *what* to do; this file says how often to look, where playbooks and state live,
+whether anything may really be done (``dry_run``), which processes matter how much (priority
+classes), which must never be touched (protected), who to tell (notification targets) and
+where to burst (cloud profiles). Unknown keys are errors, reported as file:line:col.
+Secrets (webhook URLs with tokens, keys) can always come from a file or an environment
+variable instead of standing in this file.
 """
 
 from __future__ import annotations
 
 import re
+import zoneinfo
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from gpuwarden import yamlfile
+from gpuwarden.units import parse_duration
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.yaml")
 DEFAULT_CLASSES = ("critical", "high", "normal", "low", "scavenger")
@@ -26,30 +39,32 @@ class _Strict(BaseModel):
 Names = Annotated[tuple[str, ...], Field()]
 
 
+def _check_regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    return value
+
+
+Regex = Annotated[str, AfterValidator(_check_regex)]
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
 class MatchRule(_Strict):
     """One way to recognise a process. All given conditions must hold (AND); lists are any-of."""
 
     user: Names = ()
     group: Names = ()
-    cmdline: str | None = None
-    cgroup: str | None = None
-    unit: str | None = None
+    cmdline: Regex | None = None
+    cgroup: Regex | None = None
+    unit: Regex | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("user", "group", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         return (value,) if isinstance(value, str) else value
-
-    @field_validator("cmdline", "cgroup", "unit")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from None
-        return value
 
     @model_validator(mode="after")
     def _not_empty(self) -> MatchRule:
@@ -98,9 +113,151 @@ class Priorities(_Strict):
         return len(names) - 1 - names.index(name)
 
 
+class Protected(_Strict):
+    """Processes no step ever acts on. PID 1 and 2 and gpuwarden itself are always protected."""
+
+    root: bool = True
+    users: Names = ("root",)
+    names: Names = (
+        "nvidia-persistenced",
+        "nv-hostengine",
+        "dcgm-exporter",
+        "dcgmi",
+        "nvidia-smi",
+        "Xorg",
+        "Xwayland",
+        "gnome-shell",
+        "sshd",
+        "systemd",
+        "slurmd",
+        "slurmstepd",
+        "kubelet",
+        "containerd",
+        "dockerd",
+    )
+    cmdline: tuple[Regex, ...] = ()
+    units: tuple[Regex, ...] = ()
+    priorities: Names = ()
+    pids: tuple[int, ...] = ()
+
+    @field_validator("users", "names", "priorities", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+
+class Secret(_Strict):
+    """A secret value given inline, read from a file, or taken from an environment variable."""
+
+    value: str | None = None
+    file: Path | None = None
+    env: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Secret:
+        given = [k for k in ("value", "file", "env") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of value, file, env")
+        return self
+
+
+class NotifyTarget(_Strict):
+    """A named destination for messages: apprise URLs (or a secret holding them)."""
+
+    urls: tuple[str | Secret, ...] = ()
+    config: Path | None = None
+    tags: Names = ()
+    min_severity: Literal["info", "warning", "critical"] = "info"
+    quiet_hours: str | None = None
+    fallback: str | None = None
+
+    @model_validator(mode="after")
+    def _has_destination(self) -> NotifyTarget:
+        if not self.urls and self.config is None:
+            raise ValueError("a target needs urls or an apprise config file")
+        return self
+
+
+class Notify(_Strict):
+    targets: dict[str, NotifyTarget] = Field(default_factory=dict)
+    admin: str | None = None  # where reload failures and circuit-breaker trips go
+
+
+class CloudProfile(_Strict):
+    """Where and how to burst to cloud GPUs (see docs/cloud.md once provisioning lands)."""
+
+    provider: Literal["aws"] = "aws"
+    region: str
+    subnets: tuple[str, ...] = ()
+    instance_types: tuple[str, ...] = Field(min_length=1)
+    launch_template: str | None = None
+    ami: str | None = None
+    security_groups: tuple[str, ...] = ()
+    key_name: str | None = None
+    market: Literal["on-demand", "spot"] = "on-demand"
+    count: int = Field(default=1, ge=1)
+    user_data: str | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
+    max_instances: int = Field(default=1, ge=1)
+    max_hourly_usd: float | None = Field(default=None, gt=0)
+    prices: dict[str, float] = Field(default_factory=dict)
+    ttl: Seconds = 8 * 3600.0
+    linger: Seconds = 1800.0
+    endpoint_url: str | None = None
+
+
+class Cloud(_Strict):
+    profiles: dict[str, CloudProfile] = Field(default_factory=dict)
+
+
 class Config(_Strict):
     host: str | None = None
+    tick: Seconds = Field(default=2.0, gt=0)
+    source: str = "nvml"
+    playbooks: Path = Path("/etc/gpuwarden/playbooks")
+    state_dir: Path = Path("/var/lib/gpuwarden")
+    dry_run: bool = False
+    timezone: str = "UTC"
     priorities: Priorities = Priorities()
+    protected: Protected = Protected()
+    notify: Notify = Notify()
+    cloud: Cloud = Cloud()
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {value!r}; use an IANA name such as 'UTC' or 'Europe/Berlin'"
+            ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        targets = self.notify.targets
+        if self.notify.admin is not None and self.notify.admin not in targets:
+            raise ValueError(
+                f"notify.admin names an unknown target {self.notify.admin!r}; "
+                f"targets: {sorted(targets)}"
+            )
+        for name, target in targets.items():
+            if target.fallback is not None and target.fallback not in targets:
+                raise ValueError(
+                    f"notify target {name!r} falls back to an unknown target {target.fallback!r}"
+                )
+        unknown = [p for p in self.protected.priorities if p not in self.priorities.names]
+        if unknown:
+            raise ValueError(
+                f"protected.priorities names unknown classes {unknown}; classes: "
+                f"{list(self.priorities.names)}"
+            )
+        return self
+
+    @property
+    def tz(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)
 
 
 def load(path: str | Path) -> Config:
