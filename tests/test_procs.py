@@ -266,6 +266,14 @@ def sleeper_argv(marker: str) -> list[str]:
     return [sys.executable, "-c", SLEEPER, marker]
 
 
+def _ready(child: Popen) -> Popen:
+    """Waits until the child's interpreter runs its program: before, the child is a copy of
+    this test process (the same command line and environment), not yet the program."""
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"ready\n"
+    return child
+
+
 def own_group_names() -> tuple[str, ...]:
     gids = [os.getgid(), *os.getgroups()]
     return tuple(dict.fromkeys(grp.getgrgid(g).gr_name for g in gids))
@@ -354,7 +362,7 @@ def test_groups_include_real_and_supplementary(spawn: Spawn) -> None:
 
 
 def test_env_keys_asked_for_and_named_by_rules_are_kept(spawn: Spawn) -> None:
-    child = spawn(sleeper_argv(marker()), job_env(PROJECT="atlas"))
+    child = _ready(spawn(sleeper_argv(marker()), job_env(PROJECT="atlas"), stdout=subprocess.PIPE))
     priorities = classes(("high", (rule(env={"PROJECT": "atlas"}),)))
 
     info = Attributor(priorities, env_keys=["TEAM"]).describe([child.pid], 0.0)[child.pid]
@@ -371,7 +379,9 @@ def test_env_keys_asked_for_and_named_by_rules_are_kept(spawn: Spawn) -> None:
 
 def test_declared_priority_is_capped_and_rules_win(spawn: Spawn) -> None:
     mark = marker()
-    greedy = spawn(sleeper_argv(mark), job_env(GPUWARDEN_PRIORITY="critical"))
+    greedy = _ready(
+        spawn(sleeper_argv(mark), job_env(GPUWARDEN_PRIORITY="critical"), stdout=subprocess.PIPE)
+    )
     info = Attributor(Priorities()).describe([greedy.pid], 0.0)[greedy.pid]
     assert info.declared_priority == "critical"
     assert info.priority == "high"
@@ -388,7 +398,9 @@ def test_bad_declarations_are_ignored(spawn: Spawn) -> None:
             GPUWARDEN_CHECKPOINT_SIGNAL="KILL",
             SLURM_JOB_ID="42; rm -rf /",
         ),
+        stdout=subprocess.PIPE,
     )
+    _ready(child)
     info = Attributor(classes(default="low")).describe([child.pid], 0.0)[child.pid]
     assert info.declared_priority == "urgent"
     assert info.priority == "low"
@@ -493,7 +505,9 @@ def _fake_proc(tmp_path: Path, pid: int, cgroup_fixture: str) -> Path:
 def test_cgroup_facts_reach_the_process(
     spawn: Spawn, tmp_path: Path, fixture: str, match_rule: MatchRule, expected: dict[str, object]
 ) -> None:
-    child = spawn(sleeper_argv(marker()), job_env(SLURM_JOB_ID="4242"))
+    child = _ready(
+        spawn(sleeper_argv(marker()), job_env(SLURM_JOB_ID="4242"), stdout=subprocess.PIPE)
+    )
     root = _fake_proc(tmp_path, child.pid, fixture)
     attributor = Attributor(classes(("critical", (match_rule,))), proc_root=root)
     info = attributor.describe([child.pid], 0.0)[child.pid]
@@ -502,7 +516,9 @@ def test_cgroup_facts_reach_the_process(
 
 
 def test_cgroup_job_beats_the_environment(spawn: Spawn, tmp_path: Path) -> None:
-    child = spawn(sleeper_argv(marker()), job_env(SLURM_JOB_ID="999"))
+    child = _ready(
+        spawn(sleeper_argv(marker()), job_env(SLURM_JOB_ID="999"), stdout=subprocess.PIPE)
+    )
     root = _fake_proc(tmp_path, child.pid, "slurm-v2.txt")
     info = Attributor(Priorities(), proc_root=root).describe([child.pid], 0.0)[child.pid]
     assert info.slurm_job == "4242"
@@ -510,7 +526,7 @@ def test_cgroup_job_beats_the_environment(spawn: Spawn, tmp_path: Path) -> None:
 
 
 def test_unreadable_cgroup_file_is_an_unknown_fact(spawn: Spawn, tmp_path: Path) -> None:
-    child = spawn(sleeper_argv(marker()), job_env())
+    child = _ready(spawn(sleeper_argv(marker()), job_env(), stdout=subprocess.PIPE))
     root = tmp_path / "empty-proc"
     root.mkdir()
     info = Attributor(Priorities(), proc_root=root).describe([child.pid], 0.0)[child.pid]
@@ -550,7 +566,7 @@ def _describe_as_nobody(pid: int) -> dict[str, object]:
 def test_access_denied_degrades_to_what_is_readable(spawn: Spawn) -> None:
     mark = marker()
     if IS_ROOT:
-        target = spawn(sleeper_argv(mark), job_env())
+        target = _ready(spawn(sleeper_argv(mark), job_env(), stdout=subprocess.PIPE))
         got = _describe_as_nobody(target.pid)
         assert got["access_denied"] == ["environ"]
         assert got["user"] == "root"
@@ -595,3 +611,301 @@ def test_processes_exiting_while_read_never_raise(spawn: Spawn) -> None:
         reaper.join(timeout=10)
     assert seen_alive > 0
     assert seen_gone == 20
+
+
+# ---------------------------------------------------------------------------------------------
+# What is kept between calls: static facts per process identity, dynamic facts read every call
+
+MIB = 1024 * 1024
+# Prints ready, waits for a line on stdin, then runs argv[1:] with a different environment.
+EXEC_ON_LINE = (
+    "import os, sys; print('ready', flush=True); sys.stdin.readline(); "
+    "os.execve(sys.argv[1], sys.argv[1:], {'GPUWARDEN_PRIORITY': 'scavenger'})"
+)
+# Prints ready, exits on a line on stdin.
+EXIT_ON_LINE = "import sys; print('ready', flush=True); sys.stdin.readline()"
+
+
+def _send_line(child: Popen) -> None:
+    assert child.stdin is not None
+    child.stdin.write(b"go\n")
+    child.stdin.flush()
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _tree(tmp_path: Path, pid: int, cgroup_fixture: str, *, live_stat: bool) -> Path:
+    """A proc tree for one real process: its status copied, a chosen cgroup file, and its
+    ``stat`` either linked to the live file or copied (so that a test may rewrite it)."""
+    root = _fake_proc(tmp_path, pid, cgroup_fixture)
+    if live_stat:
+        (root / str(pid) / "stat").symlink_to(f"/proc/{pid}/stat")
+    else:
+        shutil.copyfile(f"/proc/{pid}/stat", root / str(pid) / "stat")
+    return root
+
+
+def _set_cgroup(root: Path, pid: int, cgroup_fixture: str) -> None:
+    shutil.copyfile(FIXTURES / cgroup_fixture, root / str(pid) / "cgroup")
+
+
+def _set_stat_field(root: Path, pid: int, number: int, value: str) -> None:
+    """Rewrites field ``number`` (as proc(5) counts) of a copied stat file; psutil still
+    reads the real one."""
+    path = root / str(pid) / "stat"
+    head, _, tail = path.read_text().rpartition(")")
+    fields = tail.split()
+    fields[number - 3] = value
+    path.write_text(f"{head}) {' '.join(fields)}\n")
+
+
+def _stat_field(root: Path, pid: int, number: int) -> str:
+    return (root / str(pid) / "stat").read_text().rpartition(")")[2].split()[number - 3]
+
+
+def test_static_facts_are_kept_dynamic_facts_are_read_each_call(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    child = spawn(sleeper_argv(marker()), job_env(), stdout=subprocess.PIPE)
+    _ready(child)
+    root = _tree(tmp_path, child.pid, "slurm-v2.txt", live_stat=True)
+    attributor = Attributor(Priorities(), proc_root=root)
+    first = attributor.describe([child.pid], 0.0)[child.pid]
+    assert first.slurm_job == "4242"
+    assert first.status in {"running", "sleeping"}
+    assert first.nice == 0
+    assert first.cpu_pct is None
+
+    # The cgroup file now says something else; the process is the same, so it is not re-read.
+    _set_cgroup(root, child.pid, "docker-v2.txt")
+    os.setpriority(os.PRIO_PROCESS, child.pid, 7)
+    os.kill(child.pid, signal.SIGSTOP)
+    wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED)
+    second = attributor.describe([child.pid], 1.0)[child.pid]
+    assert second.status == "stopped"
+    assert second.nice == 7
+    assert second.cpu_pct is not None
+    assert second.rss_mib == psutil.Process(child.pid).memory_info().rss // MIB
+    assert (second.cgroup, second.slurm_job, second.container) == (
+        first.cgroup,
+        first.slurm_job,
+        None,
+    )
+    assert second.cmdline == first.cmdline
+    assert second.env == first.env
+    assert second.create_time == first.create_time
+    assert second.priority == first.priority == "low"
+
+    os.kill(child.pid, signal.SIGCONT)
+    wait_for(lambda: psutil.Process(child.pid).status() != psutil.STATUS_STOPPED)
+    third = attributor.describe([child.pid], 2.0)[child.pid]
+    assert third.status in {"running", "sleeping"}
+    assert third.container is None
+    # A new Attributor reads the file as it is now: the kept facts above were the old ones.
+    fresh = Attributor(Priorities(), proc_root=root).describe([child.pid], 2.0)[child.pid]
+    assert fresh.container is not None
+    assert fresh.slurm_job == "4242"  # from the environment, the cgroup no longer says
+
+
+def test_a_new_start_time_is_a_new_process(spawn: Spawn, tmp_path: Path) -> None:
+    """The identity check itself: same PID, another start time (field 22) in ``stat``, so
+    nothing is kept, though psutil still reads the same real process."""
+    child = spawn(sleeper_argv(marker()), job_env(SLURM_JOB_ID="1"), stdout=subprocess.PIPE)
+    _ready(child)
+    root = _tree(tmp_path, child.pid, "slurm-v2.txt", live_stat=False)
+    attributor = Attributor(Priorities(), proc_root=root)
+    assert attributor.describe([child.pid], 0.0)[child.pid].slurm_job == "4242"
+
+    _set_cgroup(root, child.pid, "docker-v2.txt")
+    kept = attributor.describe([child.pid], 1.0)[child.pid]
+    assert kept.slurm_job == "4242"
+    assert kept.container is None
+    assert kept.cpu_pct is not None
+
+    _set_stat_field(root, child.pid, 22, str(int(_stat_field(root, child.pid, 22)) + 1))
+    other = attributor.describe([child.pid], 2.0)[child.pid]
+    assert other.slurm_job == "1"
+    assert other.container is not None
+    assert other.cpu_pct is None  # a first observation
+
+
+def test_a_reused_pid_does_not_inherit_facts(spawn: Spawn) -> None:
+    last_pid = Path("/proc/sys/kernel/ns_last_pid")
+    if not IS_ROOT or not last_pid.exists():
+        pytest.skip("handing out a chosen PID needs root and /proc/sys/kernel/ns_last_pid")
+    attributor = Attributor(classes(("high", (rule(env={"TEAM": "vision"}),))))
+    first = spawn(sleeper_argv(marker()), job_env(), stdout=subprocess.PIPE)
+    _ready(first)
+    before = attributor.describe([first.pid], 0.0)[first.pid]
+    assert before.priority == "high"
+    # Start times count clock ticks (10 ms): a PID handed out again within the same tick would
+    # be the same identity, as it is for psutil. Real reuse waits for the PID counter to wrap.
+    time.sleep(0.05)
+    pid = first.pid
+    first.kill()
+    first.wait(timeout=10)
+
+    mark = marker()
+    for _attempt in range(50):  # another process may take the PID first: try again
+        last_pid.write_text(str(pid - 1))
+        second = spawn(
+            sleeper_argv(mark), {"GPUWARDEN_PRIORITY": "scavenger"}, stdout=subprocess.PIPE
+        )
+        if second.pid == pid:
+            break
+        second.kill()
+    else:
+        pytest.skip("the PID was taken by other processes every time")
+    _ready(second)
+    after = attributor.describe([pid], 1.0)[pid]
+    assert after.create_time != before.create_time
+    assert after.cmdline is not None
+    assert after.cmdline[-1] == mark
+    assert after.env == {"GPUWARDEN_PRIORITY": "scavenger"}
+    assert after.slurm_job is None
+    assert after.checkpoint_signal is None
+    assert after.priority == "scavenger"
+    assert after.cpu_pct is None
+
+
+def test_exec_of_another_program_is_seen(spawn: Spawn) -> None:
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    child = spawn(
+        [sys.executable, "-c", EXEC_ON_LINE, sleep, "600"],
+        job_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    _ready(child)
+    attributor = Attributor(Priorities())
+    before = attributor.describe([child.pid], 0.0)[child.pid]
+    assert before.priority == "low"
+    assert before.checkpoint_signal == "SIGUSR1"
+
+    _send_line(child)
+    wait_for(lambda: _comm(child.pid) == "sleep")
+    after = attributor.describe([child.pid], 1.0)[child.pid]
+    assert after.name == "sleep"
+    assert after.cmdline == (sleep, "600")
+    assert after.env == {"GPUWARDEN_PRIORITY": "scavenger"}
+    assert after.priority == "scavenger"
+    assert after.checkpoint_signal is None
+    assert after.create_time == before.create_time
+    assert after.cpu_pct is not None  # the same process: CPU use is measured across the exec
+
+
+def test_exec_of_the_same_program_is_seen(spawn: Spawn) -> None:
+    """A new command line under the same command name: the memory layout tells."""
+    mark = marker()
+    child = spawn(
+        [sys.executable, "-c", EXEC_ON_LINE, *sleeper_argv(f"{mark}-after-exec")],
+        job_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    _ready(child)
+    name = _comm(child.pid)
+    attributor = Attributor(Priorities())
+    assert attributor.describe([child.pid], 0.0)[child.pid].priority == "low"
+
+    _send_line(child)
+    _ready(child)  # the new interpreter runs
+    assert _comm(child.pid) == name
+    after = attributor.describe([child.pid], 1.0)[child.pid]
+    assert after.cmdline is not None
+    assert after.cmdline[-1] == f"{mark}-after-exec"
+    assert after.priority == "scavenger"
+
+
+def test_kept_facts_are_read_again_after_refresh_after(spawn: Spawn, tmp_path: Path) -> None:
+    child = spawn(sleeper_argv(marker()), job_env(), stdout=subprocess.PIPE)
+    _ready(child)
+    root = _tree(tmp_path, child.pid, "slurm-v2.txt", live_stat=True)
+    attributor = Attributor(Priorities(), proc_root=root, refresh_after=60.0)
+    assert attributor.describe([child.pid], 1000.0)[child.pid].container is None
+    _set_cgroup(root, child.pid, "docker-v2.txt")
+    assert attributor.describe([child.pid], 1059.0)[child.pid].container is None
+    refreshed = attributor.describe([child.pid], 1060.0)[child.pid]
+    assert refreshed.container is not None
+    assert refreshed.cpu_pct is not None
+    # A clock stepped far back is no reason to trust the kept facts longer.
+    _set_cgroup(root, child.pid, "slurm-v2.txt")
+    assert attributor.describe([child.pid], 1061.0)[child.pid].container is not None
+    assert attributor.describe([child.pid], 900.0)[child.pid].container is None
+
+
+def test_pids_not_asked_about_are_forgotten(spawn: Spawn, tmp_path: Path) -> None:
+    child = spawn(sleeper_argv(marker()), job_env(), stdout=subprocess.PIPE)
+    other = spawn(sleeper_argv(marker()), job_env())
+    _ready(child)
+    root = _tree(tmp_path, child.pid, "slurm-v2.txt", live_stat=True)
+    attributor = Attributor(Priorities(), proc_root=root)
+    assert attributor.describe([child.pid], 0.0)[child.pid].container is None
+    _set_cgroup(root, child.pid, "docker-v2.txt")
+    attributor.describe([other.pid], 1.0)
+    again = attributor.describe([child.pid], 2.0)[child.pid]
+    assert again.container is not None
+    assert again.cpu_pct is None
+
+
+def test_a_known_process_that_exits_is_a_zombie(spawn: Spawn) -> None:
+    mark = marker()
+    child = spawn(
+        [sys.executable, "-c", EXIT_ON_LINE, mark],
+        job_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    _ready(child)
+    attributor = Attributor(classes(("high", (rule(cmdline=mark),))))
+    alive = attributor.describe([child.pid], 0.0)[child.pid]
+    assert alive.priority == "high"
+    assert alive.cmdline is not None
+
+    _send_line(child)
+    wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE)
+    dead = attributor.describe([child.pid], 1.0)[child.pid]
+    assert dead.status == "zombie"
+    assert dead.cmdline is None
+    assert dead.env is None
+    assert dead.declared_priority is None
+    assert dead.priority == "normal"  # resolved again: the rule's cmdline is gone
+    assert dead.create_time == alive.create_time
+
+
+def test_command_names_with_parentheses_and_spaces(spawn: Spawn) -> None:
+    odd = "a) b (c"
+    script = (
+        f"open('/proc/self/comm', 'w').write({odd!r}); print('ready', flush=True); "
+        "import time; time.sleep(600)"
+    )
+    child = spawn([sys.executable, "-c", script], job_env(), stdout=subprocess.PIPE)
+    _ready(child)
+    attributor = Attributor(Priorities())
+    assert attributor.describe([child.pid], 0.0)[child.pid].name == odd
+    os.setpriority(os.PRIO_PROCESS, child.pid, 3)
+    kept = attributor.describe([child.pid], 1.0)[child.pid]
+    assert kept.name == odd
+    assert kept.nice == 3
+    assert kept.status in {"running", "sleeping"}
+    assert kept.priority == "low"
+    assert kept.rss_mib is not None
+    assert kept.rss_mib >= 1
+
+
+def test_an_ending_process_is_read_afresh(spawn: Spawn, tmp_path: Path) -> None:
+    """State Z or X in ``stat`` means the kept command line and environment are gone, even
+    where the memory layout cannot be seen (an unprivileged daemon sees zeros)."""
+    child = _ready(spawn(sleeper_argv(marker()), job_env(), stdout=subprocess.PIPE))
+    root = _tree(tmp_path, child.pid, "slurm-v2.txt", live_stat=False)
+    for number in (26, 27, 28, 48, 49, 50, 51):
+        _set_stat_field(root, child.pid, number, "0")
+    attributor = Attributor(Priorities(), proc_root=root)
+    assert attributor.describe([child.pid], 0.0)[child.pid].container is None
+    _set_cgroup(root, child.pid, "docker-v2.txt")
+    assert attributor.describe([child.pid], 1.0)[child.pid].container is None
+    _set_stat_field(root, child.pid, 3, "Z")
+    assert attributor.describe([child.pid], 2.0)[child.pid].container is not None

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
 import psutil
 
@@ -156,18 +156,18 @@ def resolve_priority(priorities: Priorities, info: ProcessInfo) -> str:
 
 # What a one-letter state in /proc/PID/stat is called (the names psutil gives them).
 _STATES: Final = {
-    b"R": psutil.STATUS_RUNNING,
-    b"S": psutil.STATUS_SLEEPING,
-    b"D": psutil.STATUS_DISK_SLEEP,
-    b"T": psutil.STATUS_STOPPED,
-    b"t": psutil.STATUS_TRACING_STOP,
-    b"Z": psutil.STATUS_ZOMBIE,
-    b"X": psutil.STATUS_DEAD,
-    b"x": psutil.STATUS_DEAD,
-    b"K": psutil.STATUS_WAKE_KILL,
-    b"W": psutil.STATUS_WAKING,
-    b"I": psutil.STATUS_IDLE,
-    b"P": psutil.STATUS_PARKED,
+    b"R": "running",
+    b"S": "sleeping",
+    b"D": "disk-sleep",
+    b"T": "stopped",
+    b"t": "tracing-stop",
+    b"Z": "zombie",
+    b"X": "dead",
+    b"x": "dead",
+    b"K": "wake-kill",
+    b"W": "waking",
+    b"I": "idle",
+    b"P": "parked",
 }
 # A process in one of these states has lost its command line and environment: read afresh.
 _ENDING: Final = frozenset({b"Z", b"X", b"x"})
@@ -177,8 +177,7 @@ _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 
 
-@dataclass(frozen=True, slots=True)
-class _Stat:
+class _Stat(NamedTuple):
     """What one read of ``/proc/PID/stat`` gives."""
 
     start: int  # clock ticks from boot to the process's start: with the PID, its identity
@@ -321,7 +320,7 @@ class Attributor:
         self._resolver = PriorityResolver(priorities)
         self._keep = frozenset((*KEPT_ENV_KEYS, *env_keys, *rule_env_keys(priorities)))
         self._proc_root = proc_root
-        self._stat_path = f"{proc_root}/{{}}/stat"
+        self._proc_dir = f"{proc_root}/"
         self._refresh_after = refresh_after
         # One entry per PID asked about in the last call, dropped when it is not asked again.
         self._known: dict[int, _Known] = {}
@@ -378,7 +377,7 @@ class Attributor:
             return info  # it changed hands while read: what was read is all that is known
         # The same process from before the reading to after it: what was read is its own.
         known[pid] = mark
-        if not info.zombie:
+        if not info.zombie and info.create_time is not None:
             mark.program, mark.read_at = stat.program, now
             mark.facts = replace(
                 info, access_denied=tuple(f for f in info.access_denied if f not in _DYNAMIC)
@@ -390,7 +389,7 @@ class Attributor:
 
     def _read_stat(self, pid: int) -> _Stat | None:
         try:
-            fd = os.open(self._stat_path.format(pid), os.O_RDONLY)
+            fd = os.open(f"{self._proc_dir}{pid}/stat", os.O_RDONLY)
         except OSError:
             return None
         try:
