@@ -25,14 +25,13 @@ import pytest
 from gpuwarden.config import MatchRule, Priorities, PriorityClass
 from gpuwarden.model import ProcessInfo
 from gpuwarden.sources.cgroups import parse_cgroup
-from gpuwarden.sources.procs import (
-    KEPT_ENV_KEYS,
-    Attributor,
+from gpuwarden.sources.priority import (
     PriorityResolver,
     normalise_signal,
     resolve_priority,
     rule_env_keys,
 )
+from gpuwarden.sources.procs import KEPT_ENV_KEYS, Attributor
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 SECRET = "hunter2-do-not-log-me"

@@ -31,7 +31,7 @@ from gpuwarden.model import (
     Snapshot,
 )
 from gpuwarden.sources import scenario_format
-from gpuwarden.sources.procs import PriorityResolver, normalise_signal
+from gpuwarden.sources.priority import PriorityResolver, normalise_signal
 from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Keyframe, Scenario
 from gpuwarden.sources.spawn import Standin, spawn
 
@@ -114,7 +114,11 @@ def _round(value: float | None) -> int | None:
 
 class ScenarioSource:
     """A scenario as a ``ReplaySource``. Spawned jobs start when the source opens and are
-    killed by ``close()``; use it as a context manager."""
+    killed by ``close()``; use it as a context manager.
+
+    With ``spawn=False`` (drills) no process is started: every job gets a synthetic PID and
+    the scenario's attribution, and ``vanish(pid)`` makes a job leave later snapshots as if it
+    had exited — how a drill shows the effect of a kill without touching anything."""
 
     def __init__(
         self,
@@ -125,6 +129,7 @@ class ScenarioSource:
         attributor: Attributor | None = None,
         start_time: float | None = None,
         workdir: Path | None = None,
+        spawn: bool = True,
     ) -> None:
         self.scenario = scenario
         self.name = f"scenario:{path}" if path else f"scenario:{scenario.name}"
@@ -139,6 +144,8 @@ class ScenarioSource:
         self._gpus = {gpu.index: gpu for gpu in scenario.gpus}
         self._jobs = {job.id: job for job in scenario.jobs}
         self._pids = {job.id: SYNTHETIC_PID_BASE + i for i, job in enumerate(scenario.jobs)}
+        self._spawning = spawn
+        self._vanished: set[str] = set()
         self._last_offset: float | None = None
         self._lost: dict[int, bool] = {}
         self._owns_workdir = workdir is None
@@ -146,7 +153,7 @@ class ScenarioSource:
         self.standins: dict[str, Standin] = {}
         try:
             for job in scenario.jobs:
-                if job.spawn:
+                if job.spawn and spawn:
                     self.standins[job.id] = self._spawn(job)
         except BaseException:
             self.close()
@@ -176,6 +183,21 @@ class ScenarioSource:
         """The PID a job has in snapshots: the stand-in's real PID, or its synthetic one."""
         standin = self.standins.get(job_id)
         return standin.pid if standin else self._pids[job_id]
+
+    def job_of(self, pid: int) -> str | None:
+        """The job id behind a PID in this scenario's snapshots."""
+        for job_id in self._jobs:
+            if self.pid_of(job_id) == pid:
+                return job_id
+        return None
+
+    def vanish(self, pid: int) -> bool:
+        """Drills: the job with ``pid`` is gone from later snapshots (as if it had exited)."""
+        job_id = self.job_of(pid)
+        if job_id is None or job_id in self.standins:
+            return False
+        self._vanished.add(job_id)
+        return True
 
     def close(self) -> None:
         for standin in self.standins.values():
@@ -334,7 +356,7 @@ class ScenarioSource:
             present = {
                 j: mib
                 for j, (mib, _sm) in values.jobs.items()
-                if not self._jobs[j].spawn or j in alive
+                if (j in alive or j not in self.standins) and j not in self._vanished
             }
             gpu = self._gpu_state(spec, values, present)
             gpus.append(gpu)
@@ -349,7 +371,7 @@ class ScenarioSource:
             for job_id, mib in present.items():
                 job = self._jobs[job_id]
                 if job_id not in infos:
-                    if job.spawn:
+                    if job_id in self.standins:
                         pid = self.standins[job_id].pid
                         infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
                     else:
