@@ -103,15 +103,124 @@ def _parser() -> argparse.ArgumentParser:
         help="time between samples (default 1s)",
     )
     record.add_argument("--name", help="the scenario's name (default: the output file's stem)")
+
+    check = sub.add_parser(
+        "check",
+        parents=[common],
+        help="validate the config and playbooks and print an inventory",
+        description="Validate the config and the playbooks against it. Exit 0 when valid, "
+        "1 when not (every problem as file:line:col), 2 on a usage error.",
+    )
+    check.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="playbook files or directories (default: the config's playbooks)",
+    )
+
+    drill = sub.add_parser(
+        "drill",
+        parents=[common],
+        help="rehearse the playbooks against a scenario on a simulated clock",
+        description="Run a scenario through the real engine, as fast as the CPU allows, and "
+        "print what would happen second by second. Nothing outside this process is touched.",
+    )
+    drill.add_argument("scenario", type=Path, metavar="SCENARIO")
+    drill.add_argument(
+        "--playbooks",
+        action="append",
+        metavar="PATH",
+        help="playbook file or directory (repeatable; default: the config's)",
+    )
+    drill.add_argument("--json", action="store_true", help="one JSON object per line")
+    drill.add_argument(
+        "--tick",
+        type=_duration,
+        metavar="D",
+        help="simulated time between snapshots (default: the config's tick)",
+    )
+
+    sub.add_parser(
+        "schema",
+        parents=[common],
+        help="print the JSON Schema of playbook files (for editors)",
+        description="Print the JSON Schema of playbook files, for editor completion.",
+    )
     return parser
 
 
+def _config_path(path: str | None) -> Path | None:
+    """--config, else $GPUWARDEN_CONFIG, else the default path if it exists."""
+    chosen = path or os.environ.get("GPUWARDEN_CONFIG")
+    if chosen:
+        return Path(chosen)
+    return config.DEFAULT_PATH if config.DEFAULT_PATH.is_file() else None
+
+
 def _load_config(path: str | None) -> config.Config:
-    if path is not None:
-        return config.load(path)
-    if config.DEFAULT_PATH.is_file():
-        return config.load(config.DEFAULT_PATH)
-    return config.Config()
+    found = _config_path(path)
+    return config.Config() if found is None else config.load(found)
+
+
+def _playbook_paths(given: Sequence[str] | None, cfg: config.Config) -> list[str]:
+    """The playbooks named, else the config's directory; in a checkout with neither, the
+    project's own ``playbooks/`` (said on stderr)."""
+    if given:
+        return list(given)
+    if cfg.playbooks.exists() or not Path("playbooks").is_dir():
+        return [str(cfg.playbooks)]
+    print(f"gpuwarden: {cfg.playbooks} does not exist; using ./playbooks", file=sys.stderr)
+    return ["playbooks"]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gpuwarden import inventory
+    from gpuwarden.playbook import loader
+
+    try:
+        found = _config_path(args.config)
+        cfg = config.Config() if found is None else config.load(found)
+        playbooks = loader.load(_playbook_paths(args.paths, cfg), cfg)
+    except InputError as exc:
+        print(exc.render(), file=sys.stderr)
+        count = len(exc.problems)
+        print(f"check failed: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
+        return ExitCode.FAILURE
+    source = str(found) if found else "(none: built-in defaults)"
+    print(inventory.render(cfg, source, playbooks))
+    print(f"ok: {len(playbooks.rules)} rule(s) in {len(playbooks.files)} file(s)")
+    return ExitCode.OK
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from gpuwarden import drill
+    from gpuwarden.playbook import loader
+
+    cfg = _load_config(args.config)
+    playbooks = loader.load(_playbook_paths(args.playbooks, cfg), cfg)
+    if not args.scenario.is_file():
+        raise UsageError(
+            f"no such scenario file: {args.scenario}", "shipped scenarios are in scenarios/"
+        )
+    if args.tick is not None and args.tick <= 0:
+        raise UsageError("--tick must be positive")
+    summary = drill.Summary()
+    for record in drill.run(args.scenario, cfg, playbooks, tick=args.tick, summary=summary):
+        if args.json:
+            print(json.dumps(record), flush=False)
+        else:
+            print(drill.render_record(record))
+    if not args.json:
+        print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+    return ExitCode.OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from gpuwarden.playbook.jsonschema import playbook_schema
+
+    del args
+    print(json.dumps(playbook_schema(), indent=2))
+    return ExitCode.OK
 
 
 def _position(spec: SourceSpec, source: Source, *, real_time: bool) -> Clock:
@@ -212,7 +321,13 @@ class _opened:
         self.source.close()
 
 
-COMMANDS = {"status": cmd_status, "record": cmd_record}
+COMMANDS = {
+    "status": cmd_status,
+    "record": cmd_record,
+    "check": cmd_check,
+    "drill": cmd_drill,
+    "schema": cmd_schema,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

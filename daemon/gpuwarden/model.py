@@ -232,3 +232,111 @@ class Snapshot:
 
     def processes_on(self, index: int) -> tuple[GpuProcess, ...]:
         return tuple(p for p in self.processes if p.gpu == index)
+
+
+# -- what the engine decides -------------------------------------------------------------------
+
+
+class Reason(enum.StrEnum):
+    """Why the engine did, or did not do, something. Every record carries one."""
+
+    CONDITION_MET = "condition_met"  # `when` became true: pending
+    FOR_ELAPSED = "for_elapsed"  # `when` held for `for`: firing
+    EVENT = "event"  # an event rule matched an event: firing
+    SCHEDULED = "scheduled"  # a scheduled rule's time came and `when` held: firing
+    CONDITION_CLEARED = "condition_cleared"  # `when` became false before `for` elapsed
+    RESOLVED = "resolved"  # `when` false (or `until` true): the incident closed
+    UNTIL_MET = "until_met"  # `until` became true: the incident closed
+    LADDER_DONE = "ladder_done"  # an event incident ran its last step
+    SCOPE_GONE = "scope_gone"  # the GPU or process the incident was about disappeared
+    RULE_REMOVED = "rule_removed"  # a reload removed the rule
+    COOLDOWN = "cooldown"  # would fire, but the rule is cooling down for this scope
+    INACTIVE_WINDOW = "inactive_window"  # outside the rule's `active` time window
+    STEP_DUE = "step_due"  # a ladder step's time came
+    CONDITION_NOT_HOLDING = "condition_not_holding"  # a due step waits: `when` is false now
+    SHADOW = "shadow"  # the rule is in shadow mode: recorded, never acted on
+    PROTECTED = "protected"  # a candidate is protected by the config
+    ALREADY_TARGETED = "already_targeted"  # a candidate was already targeted by such a step
+    ORPHANED = "orphaned"  # a candidate's PID does not exist: nothing to signal
+    ZOMBIE = "zombie"  # a candidate has exited and waits to be reaped
+    NOT_SELECTED = "not_selected"  # `select` is false for the candidate
+    LIMIT_REACHED = "limit_reached"  # `limit` processes were already chosen
+    FREE_UNTIL_MET = "free_until_met"  # the projected state already satisfies `free_until`
+    NO_CANDIDATES = "no_candidates"  # the step found nothing to act on
+    NOT_CHECKPOINTABLE = "not_checkpointable"  # the job did not opt in to checkpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A process a step acts on, pinned by (pid, create_time) so a reused PID is never hit."""
+
+    pid: int
+    create_time: float | None
+    gpu: int | None
+    user: str | None
+    priority: str
+    gpu_memory_mib: int | None
+    command: str = ""
+    checkpoint_signal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    target: Target
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """What the engine wants done: one step of one incident, with its targets and why.
+
+    Written to the journal before an executor acts; the executor's Outcome after.
+    """
+
+    id: str
+    incident: str
+    rule: str
+    scope: str
+    step: int
+    kind: str
+    label: str
+    time: float
+    reason: Reason
+    severity: str
+    shadow: bool = False
+    targets: tuple[Target, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
+    gpu: int | None = None
+    params: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an executor reports: ``recoverable`` says whether trying again may help."""
+
+    ok: bool
+    recoverable: bool = False
+    detail: str = ""
+    dry_run: bool = False
+
+
+class Transition(enum.StrEnum):
+    PENDING = "pending"
+    FIRING = "firing"
+    RESOLVED = "resolved"
+    CANCELLED = "cancelled"  # pending, then the condition cleared
+    COOLDOWN = "cooldown"
+    WAITING = "waiting"  # a due step waits for its condition
+
+
+@dataclass(frozen=True, slots=True)
+class RuleChange:
+    """A rule's state changed for one scope (the drill timeline and the journal show these)."""
+
+    kind: Transition
+    rule: str
+    scope: str
+    time: float
+    reason: Reason
+    incident: str | None = None
+    detail: str = ""

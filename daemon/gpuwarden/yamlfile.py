@@ -9,7 +9,7 @@ pydantic model over the data and maps each validation error back to a position.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ class Located:
     data: Any
     values: dict[KeyPath, tuple[int, int]]
     keys: dict[KeyPath, tuple[int, int]]
+    styles: dict[KeyPath, str | None] = field(default_factory=dict)
 
     def where(self, path: KeyPath, *, key: bool = False) -> tuple[int | None, int | None]:
         """The position of the longest prefix of ``path`` that exists in the file."""
@@ -41,6 +42,20 @@ class Located:
             if key and prefix in self.values:
                 return self.values[prefix]
         return (None, None)
+
+    def inside(self, path: KeyPath, offset: int) -> tuple[int | None, int | None]:
+        """The position of character ``offset`` of the string value at ``path``.
+
+        Exact for plain and quoted scalars on one line; a block scalar (``|``, ``>``) points
+        at its indicator.
+        """
+        line, col = self.where(path)
+        if line is None or col is None or path not in self.values:
+            return (line, col)
+        style = self.styles.get(path)
+        if style in ("|", ">"):
+            return (line, col)
+        return (line, col + offset + (1 if style in ("'", '"') else 0))
 
     def problem(
         self,
@@ -73,12 +88,14 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
 def _walk(
     node: yaml.Node,
     path: KeyPath,
-    values: dict[KeyPath, tuple[int, int]],
-    keys: dict[KeyPath, tuple[int, int]],
+    located: Located,
     problems: list[Problem],
     file: str,
 ) -> None:
+    values, keys = located.values, located.keys
     values[path] = _mark(node)
+    if isinstance(node, yaml.ScalarNode):
+        located.styles[path] = node.style
     if isinstance(node, yaml.MappingNode):
         seen: dict[Hashable, tuple[int, int]] = {}
         for key_node, value_node in node.value:
@@ -114,11 +131,11 @@ def _walk(
                 continue
             seen[key] = _mark(key_node)
             keys[(*path, key)] = _mark(key_node)
-            _walk(value_node, (*path, key), values, keys, problems, file)
+            _walk(value_node, (*path, key), located, problems, file)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             keys[(*path, index)] = _mark(item)
-            _walk(item, (*path, index), values, keys, problems, file)
+            _walk(item, (*path, index), located, problems, file)
 
 
 def parse(text: str, file: str) -> Located:
@@ -128,10 +145,9 @@ def parse(text: str, file: str) -> Located:
         node = loader.get_single_node()
         if node is None:
             raise InputError.at(file, 1, 1, "the file is empty", "a YAML mapping")
-        values: dict[KeyPath, tuple[int, int]] = {}
-        keys: dict[KeyPath, tuple[int, int]] = {}
+        shape = Located(file, None, {}, {})
         problems: list[Problem] = []
-        _walk(node, (), values, keys, problems, file)
+        _walk(node, (), shape, problems, file)
         if problems:
             raise InputError(problems)
         data = loader.construct_document(node)
@@ -145,7 +161,7 @@ def parse(text: str, file: str) -> Located:
         raise InputError.at(file, None, None, f"YAML error: {exc}") from None
     finally:
         loader.dispose()
-    return Located(file, data, values, keys)
+    return Located(file, data, shape.values, shape.keys, shape.styles)
 
 
 def load(path: str | Path) -> Located:

@@ -1,0 +1,1 @@
+"""The pure rule engine: history, rule evaluation, incidents and escalation, victim planning."""

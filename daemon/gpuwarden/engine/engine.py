@@ -1,0 +1,526 @@
+"""The rule engine: ``step(snapshot, now)`` → what changed and what to do. Pure.
+
+Per rule and scope a small state machine runs: inactive → pending (``when`` true) → firing
+(``when`` held for ``for``; an incident opens) → resolved (``when`` false, or ``until`` true;
+the incident closes and ``cooldown`` starts). Event rules fire on the event; scheduled rules
+(``every``) are checked at their times. Both are one-shot: their incident closes once the
+ladder has run (or when ``until`` holds, if given).
+
+The ladder of a firing incident runs in order: a step is due ``after`` seconds from firing and
+once the step before it has finished (a notify step finishes at once; the others when the
+executor reports their outcome through ``complete``). Before a due step runs, ``when`` is
+checked again: a step whose condition no longer holds waits. Each step runs at most once.
+
+No I/O, no clock: ``now`` comes in, records and intents go out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpuwarden.config import Config
+from gpuwarden.engine.history import History
+from gpuwarden.engine.planner import Planner, freed_gpu
+from gpuwarden.engine.protect import ProtectedMatcher
+from gpuwarden.engine.scopes import SCOPES, Scope, gpu_key
+from gpuwarden.model import (
+    GpuProcess,
+    Intent,
+    Outcome,
+    Reason,
+    RuleChange,
+    Snapshot,
+    Transition,
+)
+from gpuwarden.playbook.fields import HostView, tick_env
+from gpuwarden.playbook.loader import CompiledRule, CompiledStep, PlaybookSet
+from gpuwarden.playbook.schema import SELECTING_KINDS
+
+Env = dict[str, Any]
+
+
+@dataclass
+class Incident:
+    id: str
+    rule: str
+    scope: str
+    label: str
+    opened: float
+    severity: str
+    shadow: bool
+    gpu: int | None
+    next_step: int = 0
+    running: dict[int, str] = field(default_factory=dict)  # step index -> intent id
+    finished: set[int] = field(default_factory=set)
+    waiting_noted: int = -1
+    # (step kind, pid, start time) of every process a step of this incident chose
+    targeted: set[tuple[str, int, float | None]] = field(default_factory=set)
+    event: Any = None
+
+
+@dataclass
+class _ScopeState:
+    phase: str = "inactive"  # inactive | pending | firing
+    since: float = 0.0
+    incident: Incident | None = None
+    cooldown_until: float = 0.0
+    cooldown_noted: bool = False
+    window_noted: bool = False
+
+
+@dataclass(frozen=True)
+class Tick:
+    changes: tuple[RuleChange, ...]
+    intents: tuple[Intent, ...]
+
+
+def _stamp(now: float) -> str:
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+class Engine:
+    def __init__(
+        self, playbooks: PlaybookSet, config: Config, *, self_pid: int | None = None
+    ) -> None:
+        self.playbooks = playbooks
+        self.config = config
+        self.tz = config.tz
+        self.history = History()
+        self.planner = Planner(ProtectedMatcher(config.protected, self_pid=self_pid))
+        self._states: dict[tuple[str, str], _ScopeState] = {}
+        self._last_run: dict[str, float | None] = {}
+        self._intents: dict[str, tuple[Incident, int]] = {}
+        self._killed: set[tuple[int, float | None]] = set()
+
+    # -- public -----------------------------------------------------------------------------
+
+    @property
+    def incidents(self) -> list[Incident]:
+        return [s.incident for s in self._states.values() if s.incident is not None]
+
+    def complete(self, intent_id: str, outcome: Outcome) -> None:
+        """An executor finished an intent; the ladder may move on."""
+        found = self._intents.pop(intent_id, None)
+        if found is None:
+            return
+        incident, index = found
+        incident.running.pop(index, None)
+        incident.finished.add(index)
+        del outcome  # the journal keeps outcomes; the ladder only needs "finished"
+
+    def step(self, snapshot: Snapshot, now: float) -> Tick:
+        changes: list[RuleChange] = []
+        intents: list[Intent] = []
+        gpus = {g.index: g for g in snapshot.gpus}
+        base = tick_env(snapshot, now, self.tz)
+        base.update(gpu=None, process=None, event=None, _snapshot=snapshot, _gpus=gpus)
+        scopes_by_kind = {kind: make(snapshot) for kind, make in SCOPES.items()}
+        self._record_history(scopes_by_kind, base, now)
+        for rule in self.playbooks.rules:
+            if rule.every is not None:
+                # Counted from when the engine first saw the rule: a daemon started on
+                # Tuesday does not run last Monday's check, however long its ticks.
+                last = self._last_run.setdefault(rule.name, now)
+                due = rule.every.due(last, now, self.tz)
+                if not due:
+                    self._advance_open(rule, scopes_by_kind, snapshot, base, now, changes, intents)
+                    continue
+                self._last_run[rule.name] = now
+            self._evaluate(
+                rule,
+                scopes_by_kind[rule.spec.for_each],
+                snapshot,
+                gpus,
+                base,
+                now,
+                changes,
+                intents,
+            )
+        return Tick(tuple(changes), tuple(intents))
+
+    # -- history ----------------------------------------------------------------------------
+
+    def _record_history(self, scopes: dict[str, list[Scope]], base: Env, now: float) -> None:
+        if not self.playbooks.series:
+            return
+        seen: set[str] = set()
+        for series in self.playbooks.series:
+            for scope in scopes[series.root]:
+                self.history.observe(scope.key, series, self._env(base, scope), now)
+                seen.add(scope.key)
+        self.history.forget_except(seen)
+
+    # -- rules ------------------------------------------------------------------------------
+
+    def _env(self, base: Env, scope: Scope) -> Env:
+        """The environment expressions of ``scope`` see. History functions over a wider root
+        (``avg(gpu.…)`` in a process rule) read the GPU's and the host's series too."""
+        env = dict(base)
+        env["gpu"] = scope.gpu
+        env["process"] = scope.process
+        env["event"] = scope.event
+        gpu = (
+            scope.gpu.index
+            if scope.gpu is not None
+            else (scope.event.gpu if scope.event is not None else None)
+        )
+        also = ("host",) if gpu is None or scope.key == gpu_key(gpu) else (gpu_key(gpu), "host")
+        env["_h"] = self.history.view(scope.key, base["_now"], also=also)
+        return env
+
+    def _evaluate(
+        self,
+        rule: CompiledRule,
+        scopes: list[Scope],
+        snapshot: Snapshot,
+        gpus: dict[int, Any],
+        base: Env,
+        now: float,
+        changes: list[RuleChange],
+        intents: list[Intent],
+    ) -> None:
+        present: set[str] = set()
+        for scope in scopes:
+            if scope.key in present and rule.spec.for_each == "event":
+                continue  # one incident per GPU, however many events arrive in one tick
+            env = self._env(base, scope)
+            holds = rule.when.test(env)
+            key = (rule.name, scope.key)
+            state = self._states.get(key)
+            if state is None:
+                if not holds:
+                    continue
+                state = self._states[key] = _ScopeState()
+            present.add(scope.key)
+            if state.phase == "firing":
+                continue  # handled below with every open incident of the rule
+            self._idle_or_pending(rule, scope, state, holds, env, now, changes, intents)
+        self._advance_open(
+            rule,
+            {rule.spec.for_each: scopes},
+            snapshot,
+            base,
+            now,
+            changes,
+            intents,
+            present=present if rule.spec.for_each != "event" else None,
+        )
+        for key in [k for k in self._states if k[0] == rule.name]:
+            state = self._states[key]
+            if state.phase == "pending" and key[1] not in present:
+                state.phase = "inactive"
+                changes.append(
+                    RuleChange(Transition.CANCELLED, rule.name, key[1], now, Reason.SCOPE_GONE)
+                )
+            if state.phase == "inactive" and state.cooldown_until <= now:
+                del self._states[key]
+
+    def _idle_or_pending(
+        self,
+        rule: CompiledRule,
+        scope: Scope,
+        state: _ScopeState,
+        holds: bool,
+        env: Env,
+        now: float,
+        changes: list[RuleChange],
+        intents: list[Intent],
+    ) -> None:
+        name = rule.name
+        if not holds:
+            if state.phase == "pending":
+                state.phase = "inactive"
+                changes.append(
+                    RuleChange(Transition.CANCELLED, name, scope.key, now, Reason.CONDITION_CLEARED)
+                )
+            state.cooldown_noted = state.window_noted = False
+            return
+        if rule.active is not None and not rule.active.contains(now, self.tz):
+            if state.phase == "pending":
+                state.phase = "inactive"
+                changes.append(
+                    RuleChange(Transition.CANCELLED, name, scope.key, now, Reason.INACTIVE_WINDOW)
+                )
+            state.window_noted = True
+            return
+        if now < state.cooldown_until:
+            if not state.cooldown_noted:
+                state.cooldown_noted = True
+                changes.append(
+                    RuleChange(
+                        Transition.COOLDOWN,
+                        name,
+                        scope.key,
+                        now,
+                        Reason.COOLDOWN,
+                        detail=f"until {_stamp(state.cooldown_until)}",
+                    )
+                )
+            return
+        if rule.one_shot:
+            reason = Reason.EVENT if rule.spec.for_each == "event" else Reason.SCHEDULED
+            self._fire(rule, scope, state, now, reason, changes, intents, env)
+            return
+        if state.phase == "inactive":
+            state.phase = "pending"
+            state.since = now
+            changes.append(
+                RuleChange(Transition.PENDING, name, scope.key, now, Reason.CONDITION_MET)
+            )
+        if now - state.since >= rule.spec.for_:
+            self._fire(rule, scope, state, now, Reason.FOR_ELAPSED, changes, intents, env)
+
+    def _fire(
+        self,
+        rule: CompiledRule,
+        scope: Scope,
+        state: _ScopeState,
+        now: float,
+        reason: Reason,
+        changes: list[RuleChange],
+        intents: list[Intent],
+        env: Env,
+    ) -> None:
+        state.phase = "firing"
+        gpu = (
+            scope.gpu.index
+            if scope.gpu is not None
+            else (scope.event.gpu if scope.event is not None else None)
+        )
+        incident = Incident(
+            id=f"{_stamp(now)}-{rule.name}-{scope.key.split('@')[0].replace('/', '-')}",
+            rule=rule.name,
+            scope=scope.key,
+            label=scope.label,
+            opened=now,
+            severity=rule.spec.severity,
+            shadow=rule.spec.mode == "shadow",
+            gpu=gpu,
+            event=scope.event,
+        )
+        state.incident = incident
+        changes.append(
+            RuleChange(
+                Transition.FIRING, rule.name, scope.key, now, reason, incident.id, scope.label
+            )
+        )
+        self._ladder(rule, incident, scope, env, True, now, changes, intents)
+
+    def _advance_open(
+        self,
+        rule: CompiledRule,
+        scopes: dict[str, list[Scope]],
+        snapshot: Snapshot,
+        base: Env,
+        now: float,
+        changes: list[RuleChange],
+        intents: list[Intent],
+        present: set[str] | None = None,
+    ) -> None:
+        """Resolve or advance every open incident of ``rule``."""
+        current = {s.key: s for s in scopes.get(rule.spec.for_each, [])}
+        gpus = {g.index: g for g in snapshot.gpus}
+        for (name, key), state in list(self._states.items()):
+            incident = state.incident
+            if name != rule.name or state.phase != "firing" or incident is None:
+                continue
+            scope = current.get(key)
+            if rule.spec.for_each == "event":
+                scope = Scope(
+                    key,
+                    incident.label,
+                    gpu=None if incident.gpu is None else gpus.get(incident.gpu),
+                    event=incident.event,
+                )
+            elif rule.every is not None and scope is None and key == "host":
+                scope = Scope("host", snapshot.host)
+            if scope is None:
+                self._resolve(rule, state, now, Reason.SCOPE_GONE, changes)
+                continue
+            env = self._env(base, scope)
+            if rule.until is not None:
+                if rule.until.test(env):
+                    self._resolve(rule, state, now, Reason.UNTIL_MET, changes)
+                    continue
+                holds = rule.when.test(env) if not rule.one_shot else True
+            elif rule.one_shot:
+                holds = True
+            else:
+                holds = rule.when.test(env)
+                if not holds:
+                    self._resolve(rule, state, now, Reason.RESOLVED, changes)
+                    continue
+            self._ladder(rule, incident, scope, env, holds, now, changes, intents)
+            if rule.one_shot and rule.until is None and self._ladder_done(rule, incident):
+                self._resolve(rule, state, now, Reason.LADDER_DONE, changes)
+        del present
+
+    def _ladder_done(self, rule: CompiledRule, incident: Incident) -> bool:
+        return incident.next_step >= len(rule.steps) and not incident.running
+
+    def _resolve(
+        self,
+        rule: CompiledRule,
+        state: _ScopeState,
+        now: float,
+        reason: Reason,
+        changes: list[RuleChange],
+    ) -> None:
+        incident = state.incident
+        assert incident is not None
+        for intent_id in incident.running.values():
+            self._intents.pop(intent_id, None)
+        state.phase = "inactive"
+        state.incident = None
+        state.cooldown_until = now + rule.spec.cooldown
+        state.cooldown_noted = False
+        changes.append(
+            RuleChange(
+                Transition.RESOLVED,
+                rule.name,
+                incident.scope,
+                now,
+                reason,
+                incident.id,
+                incident.label,
+            )
+        )
+
+    # -- the ladder -------------------------------------------------------------------------
+
+    def _ladder(
+        self,
+        rule: CompiledRule,
+        incident: Incident,
+        scope: Scope,
+        env: Env,
+        holds: bool,
+        now: float,
+        changes: list[RuleChange],
+        intents: list[Intent],
+    ) -> None:
+        while incident.next_step < len(rule.steps):
+            index = incident.next_step
+            step = rule.steps[index]
+            previous = index - 1
+            if previous >= 0 and previous in incident.running:
+                return  # the step before is still running
+            if now < incident.opened + step.spec.after:
+                return
+            if not holds:
+                if incident.waiting_noted != index:
+                    incident.waiting_noted = index
+                    changes.append(
+                        RuleChange(
+                            Transition.WAITING,
+                            rule.name,
+                            incident.scope,
+                            now,
+                            Reason.CONDITION_NOT_HOLDING,
+                            incident.id,
+                            step.spec.label,
+                        )
+                    )
+                return
+            intent = self._intent(rule, incident, step, scope, env, now)
+            intents.append(intent)
+            incident.next_step += 1
+            if step.blocking and (bool(intent.targets) or step.kind not in SELECTING_KINDS):
+                incident.running[index] = intent.id
+                self._intents[intent.id] = (incident, index)
+            else:
+                incident.finished.add(index)
+
+    def _intent(
+        self,
+        rule: CompiledRule,
+        incident: Incident,
+        step: CompiledStep,
+        scope: Scope,
+        env: Env,
+        now: float,
+    ) -> Intent:
+        intent = Intent(
+            id=f"{incident.id}/{step.index}",
+            incident=incident.id,
+            rule=rule.name,
+            scope=incident.scope,
+            step=step.index,
+            kind=step.kind,
+            label=step.spec.label,
+            time=now,
+            reason=Reason.STEP_DUE,
+            severity=rule.spec.severity,
+            shadow=incident.shadow,
+            gpu=incident.gpu,
+            params=step.spec.params,
+        )
+        if step.kind not in SELECTING_KINDS:
+            return intent
+        candidates = self._candidates(rule, scope, env)
+        already = self._killed | {(pid, ct) for kind, pid, ct in incident.targeted
+                                  if kind == step.kind}
+        plan = self.planner.plan(
+            step,
+            candidates,
+            lambda p: self._process_env(env, p),
+            already,
+            self._projector(rule, scope, env),
+        )
+        for target in plan.targets:
+            incident.targeted.add((step.kind, target.pid, target.create_time))
+            if step.kind == "kill" and not incident.shadow:
+                self._killed.add((target.pid, target.create_time))
+        return replace(intent, reason=plan.reason, targets=plan.targets, skipped=plan.skipped)
+
+    def _candidates(self, rule: CompiledRule, scope: Scope, env: Env) -> list[GpuProcess]:
+        snapshot_procs: Iterable[GpuProcess] = env["_snapshot"].processes
+        kind = rule.spec.for_each
+        if kind == "process":
+            return [scope.process] if scope.process is not None else []
+        if kind == "host":
+            return list(snapshot_procs)
+        gpu = (
+            scope.gpu.index
+            if scope.gpu is not None
+            else (scope.event.gpu if scope.event is not None else None)
+        )
+        if gpu is None:
+            return list(snapshot_procs)
+        return [p for p in snapshot_procs if p.gpu == gpu]
+
+    def _process_env(self, env: Env, proc: GpuProcess) -> Env:
+        penv = dict(env)
+        penv["process"] = proc
+        gpus = env["_gpus"]
+        penv["gpu"] = gpus.get(proc.gpu, env["gpu"])
+        return penv
+
+    def _projector(self, rule: CompiledRule, scope: Scope, env: Env) -> Any:
+        if rule.spec.for_each == "host":
+            host: HostView = env["host"]
+
+            def project_host(mib: int, _last: GpuProcess | None) -> Env:
+                penv = dict(env)
+                if host.memory_used_mib is not None and host.memory_total_mib:
+                    used = max(0, host.memory_used_mib - mib)
+                    penv["host"] = replace(
+                        host,
+                        memory_used_mib=used,
+                        memory_used_pct=100.0 * used / host.memory_total_mib,
+                    )
+                return penv
+
+            return project_host
+        gpu = scope.gpu
+
+        def project_gpu(mib: int, _last: GpuProcess | None) -> Env:
+            penv = dict(env)
+            if gpu is not None:
+                penv["gpu"] = freed_gpu(gpu, mib)
+            return penv
+
+        return project_gpu

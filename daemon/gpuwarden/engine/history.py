@@ -1,0 +1,260 @@
+"""History for the expression functions: recent samples per scope and series. Pure.
+
+Each tick the engine records every registered ``Series`` for every scope of the series' root
+(``record`` for a numeric field, ``record_held`` for a ``held_for`` condition; ``observe`` does
+either from an environment), then evaluates rules with ``view(scope_key, now)`` as ``_h``.
+
+- A numeric series keeps its ``(time, value)`` samples, oldest first, trimmed to the series'
+  window (the longest any expression asks of it); an unknown (``None``) value is not recorded.
+- A held series keeps only since when its condition has been true without a break.
+- A query over a window ``W`` reads the samples with ``now - W <= time <= now`` (both ends
+  count). The window's ends are found by bisection and running sums make ``avg``, ``rate``
+  and ``predict`` cost the same however many samples the window holds; ``min``/``max`` scan
+  the window's slice.
+
+A process rule may read a GPU's or the host's history (``avg(gpu.power_w, 5m)`` in a process
+rule): that series is recorded under the GPU's (or the host's) scope key, and the process's
+view names those keys too: ``view(process_key, now, also=(gpu_key, host_key))``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuwarden.playbook.expr import HistoryView, Series
+
+MAX_SAMPLES = 100_000  # per scope and series, whatever the window: a bound on memory
+_COMPACT_AFTER = 256  # dropped samples before the lists are shifted down
+
+
+def _sid(series: Series | int) -> int:
+    return series if isinstance(series, int) else series.id
+
+
+class Track:
+    """The samples of one series in one scope: times and values from ``start`` on are live.
+
+    ``sx``, ``sv``, ``sxx``, ``sxv`` are running sums (index k: over the first k samples) of
+    x = time - ``base``, of the value, of x² and of x·value, so any window's sums are two
+    subtractions. Dropped samples are shifted out (and the sums rebuilt) once they are the
+    larger part, which keeps appends amortized O(1) and ``base`` close to the samples.
+    """
+
+    __slots__ = ("base", "start", "sv", "sx", "sxv", "sxx", "times", "values")
+
+    def __init__(self, base: float) -> None:
+        self.base = base
+        self.start = 0
+        self.times: list[float] = []
+        self.values: list[float] = []
+        self.sx: list[float] = [0.0]
+        self.sv: list[float] = [0.0]
+        self.sxx: list[float] = [0.0]
+        self.sxv: list[float] = [0.0]
+
+    def __len__(self) -> int:
+        return len(self.times) - self.start
+
+    def append(self, t: float, value: float) -> None:
+        x = t - self.base
+        self.times.append(t)
+        self.values.append(value)
+        self.sx.append(self.sx[-1] + x)
+        self.sv.append(self.sv[-1] + value)
+        self.sxx.append(self.sxx[-1] + x * x)
+        self.sxv.append(self.sxv[-1] + x * value)
+
+    def pop(self) -> None:
+        for column in (self.times, self.values, self.sx, self.sv, self.sxx, self.sxv):
+            column.pop()
+        self.start = min(self.start, len(self.times))
+
+    def last_time(self) -> float | None:
+        return self.times[-1] if len(self) else None
+
+    def trim(self, oldest: float | None, max_samples: int) -> None:
+        """Drop samples older than ``oldest`` and all but the newest ``max_samples``."""
+        start = self.start
+        if oldest is not None:
+            start = bisect_left(self.times, oldest, start)
+        self.start = max(start, len(self.times) - max_samples)
+        if self.start > _COMPACT_AFTER and 2 * self.start > len(self.times):
+            self._compact()
+
+    def _compact(self) -> None:
+        times, values = self.times[self.start :], self.values[self.start :]
+        self.base = times[0] if times else self.base
+        self.start = 0
+        self.times, self.values = [], []
+        self.sx, self.sv, self.sxx, self.sxv = [0.0], [0.0], [0.0], [0.0]
+        for t, value in zip(times, values, strict=True):
+            self.append(t, value)
+
+    def span(self, now: float, window: float) -> tuple[int, int]:
+        """Indexes [i, j) of the samples with ``now - window <= time <= now``."""
+        i = bisect_left(self.times, now - window, self.start)
+        return i, bisect_right(self.times, now, i)
+
+
+class History:
+    def __init__(self, max_samples: int = MAX_SAMPLES) -> None:
+        self.max_samples = max_samples
+        self._values: dict[Hashable, dict[int, Track]] = {}
+        self._since: dict[Hashable, dict[int, float]] = {}
+        # Series id -> the longest window anything needs of it: from the Series when one is
+        # recorded, and from the queries themselves (a bare id brings no window).
+        self._windows: dict[int, float] = {}
+
+    # -- recording ----------------------------------------------------------------------------
+
+    def record(
+        self, scope_key: Hashable, series: Series | int, value: float | None, now: float
+    ) -> None:
+        sid = _sid(series)
+        if not isinstance(series, int):
+            self.need_window(sid, series.window)
+        tracks = self._values.setdefault(scope_key, {})
+        track = tracks.get(sid)
+        if track is None:
+            if value is None:
+                return
+            track = tracks[sid] = Track(now)
+        last = track.last_time()
+        if last is not None and last > now:
+            track = tracks[sid] = Track(now)  # the clock went back (a new drill): start over
+        if value is not None:
+            if last == now:
+                track.pop()  # recorded twice in one tick: the last value wins
+            track.append(now, float(value))
+        window = self._windows.get(sid)
+        track.trim(None if window is None else now - window, self.max_samples)
+
+    def record_held(
+        self, scope_key: Hashable, series: Series | int, is_true: bool, now: float
+    ) -> None:
+        since = self._since.setdefault(scope_key, {})
+        sid = _sid(series)
+        if not is_true:
+            since.pop(sid, None)
+        elif since.get(sid, now) > now:
+            since[sid] = now  # the clock went back
+        else:
+            since.setdefault(sid, now)
+
+    def observe(
+        self, scope_key: Hashable, series: Series, env: dict[str, object], now: float
+    ) -> None:
+        """Sample ``series`` in a scope's environment and record it."""
+        value = series.sample(env)
+        if series.kind == "held":
+            self.record_held(scope_key, series, value is True, now)
+        else:
+            self.record(scope_key, series, None if isinstance(value, bool) else value, now)
+
+    def need_window(self, sid: int, window: float) -> None:
+        """Keep at least ``window`` seconds of series ``sid`` from now on."""
+        if window > self._windows.get(sid, 0.0):
+            self._windows[sid] = window
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def view(
+        self, scope_key: Hashable, now: float, *, also: Iterable[Hashable] = ()
+    ) -> HistoryView:
+        """The history of ``scope_key`` at ``now``; series not recorded under it are looked up
+        under the keys in ``also`` (the scope's GPU, the host), first found wins."""
+        values = self._values.get(scope_key, {})
+        since = self._since.get(scope_key, {})
+        extra = tuple(also)
+        if extra:
+            values, since = dict(values), dict(since)
+            for key in extra:
+                for sid, track in self._values.get(key, {}).items():
+                    values.setdefault(sid, track)
+                for sid, start in self._since.get(key, {}).items():
+                    since.setdefault(sid, start)
+        return ScopeHistory(values, since, now, self)
+
+    def scope_keys(self) -> set[Hashable]:
+        return set(self._values) | set(self._since)
+
+    def forget(self, scope_keys: Iterable[Hashable]) -> None:
+        """Drop the history of scopes that are gone (a process that exited, a lost GPU)."""
+        for key in scope_keys:
+            self._values.pop(key, None)
+            self._since.pop(key, None)
+
+    def forget_except(self, scope_keys_seen: Collection[Hashable]) -> None:
+        """Drop the history of every scope not in ``scope_keys_seen``."""
+        self.forget([k for k in self.scope_keys() if k not in scope_keys_seen])
+
+
+class ScopeHistory:
+    """One scope's history at one instant: what ``_h`` is while a rule is evaluated."""
+
+    __slots__ = ("_history", "_now", "_since", "_values")
+
+    def __init__(
+        self,
+        values: Mapping[int, Track],
+        since: Mapping[int, float],
+        now: float,
+        history: History,
+    ) -> None:
+        self._values = values
+        self._since = since
+        self._now = now
+        self._history = history
+
+    def _window(self, series: int, window: float) -> tuple[Track | None, int, int]:
+        self._history.need_window(series, window)
+        track = self._values.get(series)
+        if track is None:
+            return None, 0, 0
+        i, j = track.span(self._now, window)
+        return track, i, j
+
+    def avg(self, series: int, window: float) -> float | None:
+        track, i, j = self._window(series, window)
+        if track is None or j == i:
+            return None
+        return (track.sv[j] - track.sv[i]) / (j - i)
+
+    def min(self, series: int, window: float) -> float | None:
+        track, i, j = self._window(series, window)
+        return None if track is None or j == i else min(track.values[i:j])
+
+    def max(self, series: int, window: float) -> float | None:
+        track, i, j = self._window(series, window)
+        return None if track is None or j == i else max(track.values[i:j])
+
+    def rate(self, series: int, window: float) -> float | None:
+        """Change per second: (last - first) / (their time span); None with < 2 samples."""
+        track, i, j = self._window(series, window)
+        if track is None or j - i < 2:
+            return None
+        span = track.times[j - 1] - track.times[i]
+        return (track.values[j - 1] - track.values[i]) / span if span > 0 else None
+
+    def predict(self, series: int, horizon: float, window: float) -> float | None:
+        """The least-squares line through the window's samples, ``horizon`` seconds after now
+        (Prometheus' predict_linear); None with < 2 samples."""
+        track, i, j = self._window(series, window)
+        n = j - i
+        if track is None or n < 2:
+            return None
+        sum_x = track.sx[j] - track.sx[i]
+        sum_v = track.sv[j] - track.sv[i]
+        mean_x, mean_v = sum_x / n, sum_v / n
+        sxx = (track.sxx[j] - track.sxx[i]) - sum_x * mean_x
+        if sxx <= 0:
+            return None
+        slope = ((track.sxv[j] - track.sxv[i]) - sum_x * mean_v) / sxx
+        return mean_v + slope * (self._now + horizon - track.base - mean_x)
+
+    def held_for(self, series: int) -> float:
+        since = self._since.get(series)
+        return 0.0 if since is None else max(0.0, self._now - since)

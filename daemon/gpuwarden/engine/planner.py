@@ -1,0 +1,161 @@
+"""Victim planning: which processes a step acts on, in which order, and why the others not.
+
+1. Candidates come from the incident's scope (the processes on its GPU, the process itself,
+   every process on the host, or those on the event's GPU).
+2. Each is dropped with a reason when ``select`` is false for it, or when it is orphaned,
+   protected, a zombie, already targeted by such a step, or (checkpoint) not opted in.
+3. The rest are ordered (default: lowest priority first, then most GPU memory, then youngest)
+   and taken one by one until ``limit`` is reached or ``free_until`` holds on the projected
+   state — the snapshot with the memory of the processes chosen so far freed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpuwarden.engine.protect import ProtectedMatcher
+from gpuwarden.model import GpuProcess, GpuState, Memory, Reason, Skipped, Target
+from gpuwarden.playbook.loader import CompiledStep
+from gpuwarden.playbook.schema import CheckpointParams
+
+Env = dict[str, Any]
+
+
+def target_of(proc: GpuProcess, memory: int | None = None) -> Target:
+    info = proc.info
+    return Target(
+        pid=proc.pid,
+        create_time=info.create_time,
+        gpu=proc.gpu,
+        user=info.user,
+        priority=info.priority,
+        gpu_memory_mib=proc.gpu_memory_mib if memory is None else memory,
+        command=info.command[:200],
+        checkpoint_signal=info.checkpoint_signal,
+    )
+
+
+def identity(proc: GpuProcess) -> tuple[int, float | None]:
+    return (proc.pid, proc.info.create_time)
+
+
+def freed_gpu(gpu: GpuState, mib: int) -> GpuState:
+    """``gpu`` as it would be with ``mib`` more memory free."""
+    m = gpu.memory
+    if m.used_mib is None:
+        return gpu
+    used = max(0, m.used_mib - mib)
+    free = None if m.total_mib is None else m.total_mib - used
+    return replace(gpu, memory=Memory(m.total_mib, used, free, m.reserved_mib))
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: tuple[Target, ...]
+    skipped: tuple[Skipped, ...]
+    reason: Reason
+
+
+class Planner:
+    def __init__(self, protected: ProtectedMatcher) -> None:
+        self.protected = protected
+
+    def plan(
+        self,
+        step: CompiledStep,
+        candidates: Sequence[GpuProcess],
+        env_for: Callable[[GpuProcess], Env],
+        already: set[tuple[int, float | None]],
+        projected: Callable[[int, GpuProcess | None], Env] | None,
+    ) -> Plan:
+        """``projected(mib_freed, last_chosen)`` is the env ``free_until`` is checked in."""
+        params = step.spec.params
+        skipped: list[Skipped] = []
+        eligible: list[tuple[GpuProcess, Env]] = []
+        merged = _merge_by_pid(candidates)
+        for proc in merged:
+            env = env_for(proc)
+            if step.select is not None and not step.select.test(env):
+                reason: Reason | None = Reason.NOT_SELECTED
+            else:
+                reason = self._excluded(step, proc, already)
+            if reason is None:
+                eligible.append((proc, env))
+            else:
+                skipped.append(Skipped(target_of(proc), reason))
+        eligible.sort(key=lambda item: _sort_key(step, item[1]))
+        limit = getattr(params, "limit", None)
+        chosen: list[Target] = []
+        freed = 0
+        last: GpuProcess | None = None
+        for proc, _env in eligible:
+            if (
+                step.free_until is not None
+                and projected is not None
+                and step.free_until.test(projected(freed, last))
+            ):
+                skipped.append(Skipped(target_of(proc), Reason.FREE_UNTIL_MET))
+                continue
+            if limit is not None and len(chosen) >= limit:
+                skipped.append(Skipped(target_of(proc), Reason.LIMIT_REACHED))
+                continue
+            chosen.append(target_of(proc))
+            freed += proc.gpu_memory_mib or 0
+            last = proc
+        if chosen:
+            reason = Reason.STEP_DUE
+        elif eligible and step.free_until is not None:
+            reason = Reason.FREE_UNTIL_MET
+        else:
+            reason = Reason.NO_CANDIDATES
+        return Plan(tuple(chosen), tuple(skipped), reason)
+
+    def _excluded(
+        self, step: CompiledStep, proc: GpuProcess, already: set[tuple[int, float | None]]
+    ) -> Reason | None:
+        info = proc.info
+        if info.orphaned:
+            return Reason.ORPHANED
+        if self.protected.why(info) is not None:
+            return Reason.PROTECTED
+        if info.zombie:
+            return Reason.ZOMBIE
+        if identity(proc) in already:
+            return Reason.ALREADY_TARGETED
+        params = step.spec.params
+        if (
+            isinstance(params, CheckpointParams)
+            and params.signal is None
+            and not info.checkpointable
+        ):
+            return Reason.NOT_CHECKPOINTABLE
+        return None
+
+
+def _merge_by_pid(candidates: Sequence[GpuProcess]) -> list[GpuProcess]:
+    """One entry per process; a process on several GPUs counts all its memory."""
+    merged: dict[tuple[int, float | None], GpuProcess] = {}
+    for proc in candidates:
+        key = identity(proc)
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = proc
+        elif proc.gpu_memory_mib is not None:
+            total = (seen.gpu_memory_mib or 0) + proc.gpu_memory_mib
+            merged[key] = replace(seen, gpu_memory_mib=total)
+    return list(merged.values())
+
+
+def _sort_key(step: CompiledStep, env: Env) -> tuple[Any, ...]:
+    key: list[Any] = []
+    for order in step.order:
+        value = order.expr.evaluate(env)
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, int | float):
+            key.append((1, 0.0))  # unknown values sort last either way
+            continue
+        key.append((0, -value if order.descending else value))
+    return tuple(key)

@@ -1,0 +1,1 @@
+"""Playbooks: the rule language on-call staff write, its fields, and its expression compiler."""

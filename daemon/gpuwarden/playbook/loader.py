@@ -1,0 +1,339 @@
+"""Load a set of playbook files: validate, compile every expression once, check references.
+
+The set loads whole or not at all: every problem in every file is collected and reported as
+``file:line:col: …``, and nothing of a set with a problem is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwarden import yamlfile
+from gpuwarden.config import Config
+from gpuwarden.errors import InputError, Problem
+from gpuwarden.playbook.expr import Compiled, Compiler, ExprError, Series
+from gpuwarden.playbook.fields import FIELDS
+from gpuwarden.playbook.schema import (
+    SELECTING_KINDS,
+    CheckpointParams,
+    NotifyParams,
+    PlaybookFile,
+    ProvisionParams,
+    Rule,
+    Selection,
+    Step,
+)
+from gpuwarden.playbook.timewindow import (
+    ActiveWindows,
+    Schedule,
+    WindowError,
+    parse_active,
+    parse_every,
+)
+
+# The roots an expression may read, by where it stands and the rule's for_each.
+WHEN_ROOTS = {
+    "gpu": frozenset({"gpu", "host", "time"}),
+    "process": frozenset({"process", "gpu", "host", "time"}),
+    "host": frozenset({"host", "time"}),
+    "event": frozenset({"event", "gpu", "host", "time"}),
+}
+SELECT_ROOTS = frozenset({"process", "gpu", "host", "time", "event"})
+DEFAULT_ORDER = ("priority", "-gpu_memory_mib", "age_s")
+PLAYBOOK_SUFFIXES = (".yaml", ".yml")
+# Signals a job can catch to save its state, and those a kill may start with.
+CHECKPOINT_SIGNALS = frozenset(
+    {
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGHUP",
+        "SIGINT",
+        "SIGTERM",
+        "SIGQUIT",
+        "SIGALRM",
+        "SIGWINCH",
+        "SIGCONT",
+    }
+)
+KILL_SIGNALS = frozenset(
+    {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL"}
+)
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    field: str
+    descending: bool
+    expr: Compiled
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    index: int
+    spec: Step
+    select: Compiled | None
+    free_until: Compiled | None
+    order: tuple[OrderKey, ...]
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def blocking(self) -> bool:
+        """Whether the ladder waits for this step's outcome before the next (notify: no)."""
+        return self.kind != "notify"
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    spec: Rule
+    file: str
+    line: int | None
+    when: Compiled
+    until: Compiled | None
+    active: ActiveWindows | None
+    every: Schedule | None
+    steps: tuple[CompiledStep, ...]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def one_shot(self) -> bool:
+        """Event and scheduled rules: their incident closes once the ladder has run."""
+        return self.spec.for_each == "event" or self.every is not None
+
+
+@dataclass(frozen=True)
+class PlaybookSet:
+    rules: tuple[CompiledRule, ...]
+    series: tuple[Series, ...]
+    files: tuple[str, ...]
+    compiler: Compiler
+
+    def rule(self, name: str) -> CompiledRule | None:
+        return next((r for r in self.rules if r.name == name), None)
+
+
+def playbook_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named directly, and the ``*.yaml``/``*.yml`` files of directories, sorted."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(
+                sorted(
+                    p
+                    for p in path.iterdir()
+                    if p.suffix in PLAYBOOK_SUFFIXES and not p.name.startswith(".") and p.is_file()
+                )
+            )
+        else:
+            found.append(path)
+    return found
+
+
+class _FileCompiler:
+    """Compiles one validated file, collecting problems instead of stopping at the first."""
+
+    def __init__(self, located: yamlfile.Located, compiler: Compiler, config: Config) -> None:
+        self.located = located
+        self.compiler = compiler
+        self.config = config
+        self.problems: list[Problem] = []
+
+    def expr(self, path: yamlfile.KeyPath, text: str, roots: frozenset[str]) -> Compiled | None:
+        try:
+            return self.compiler.compile(text, roots=roots)
+        except ExprError as exc:
+            line, col = self.located.inside(path, exc.offset)
+            self.problems.append(
+                Problem(self.located.file, line, col, str(exc.message), None, exc.hint)
+            )
+            return None
+
+    def rule(self, index: int, rule: Rule) -> CompiledRule | None:
+        at = ("rules", index)
+        roots = WHEN_ROOTS[rule.for_each]
+        when = self.expr((*at, "when"), rule.when, roots)
+        until = self.expr((*at, "until"), rule.until, roots) if rule.until else None
+        active = every = None
+        if rule.active is not None:
+            try:
+                active = parse_active(rule.active)
+            except WindowError as exc:
+                self.problems.append(self._window_problem((*at, "active"), rule.active, exc))
+        if rule.every is not None:
+            try:
+                every = parse_every(rule.every)
+            except WindowError as exc:
+                self.problems.append(self._window_problem((*at, "every"), rule.every, exc))
+        steps = [self.step((*at, "steps", i), i, step, rule) for i, step in enumerate(rule.steps)]
+        if when is None or (rule.until and until is None) or any(s is None for s in steps):
+            return None
+        line, _ = self.located.where(at)
+        return CompiledRule(
+            rule,
+            self.located.file,
+            line,
+            when,
+            until,
+            active,
+            every,
+            tuple(s for s in steps if s is not None),
+        )
+
+    def _window_problem(self, path: yamlfile.KeyPath, value: object, exc: WindowError) -> Problem:
+        if exc.index is not None:  # one window of a list: point at that item
+            path, value = (*path, exc.index), exc.text
+        line, col = (
+            self.located.inside(path, exc.offset)
+            if isinstance(value, str)
+            else self.located.where(path)
+        )
+        return Problem(self.located.file, line, col, exc.problem, exc.expected)
+
+    def step(self, at: yamlfile.KeyPath, index: int, step: Step, rule: Rule) -> CompiledStep | None:
+        kind_at = (*at, step.kind)
+        params = step.params
+        ok = True
+        if isinstance(params, NotifyParams):
+            for i, target in enumerate(params.targets):
+                if target not in self.config.notify.targets:
+                    known = sorted(self.config.notify.targets)
+                    self.problems.append(
+                        self.located.problem(
+                            (*kind_at, "targets", i) if len(params.targets) > 1 else kind_at,
+                            f"unknown notification target {target!r}",
+                            f"one of: {', '.join(known)}" if known else None,
+                            "define it under notify.targets in the config" if not known else None,
+                        )
+                    )
+                    ok = False
+        if isinstance(params, ProvisionParams) and params.profile not in self.config.cloud.profiles:
+            known = sorted(self.config.cloud.profiles)
+            self.problems.append(
+                self.located.problem(
+                    kind_at,
+                    f"unknown cloud profile {params.profile!r}",
+                    f"one of: {', '.join(known)}" if known else None,
+                    "define it under cloud.profiles in the config" if not known else None,
+                )
+            )
+            ok = False
+        if step.kind == "power_cap" and rule.for_each == "host":
+            self.problems.append(
+                self.located.problem(
+                    kind_at,
+                    "power_cap acts on one GPU; a host rule has none",
+                    "for_each: gpu, process or event",
+                )
+            )
+            ok = False
+        select = free_until = None
+        order: list[OrderKey] = []
+        if isinstance(params, Selection):
+            assert step.kind in SELECTING_KINDS
+            free_roots = WHEN_ROOTS["host" if rule.for_each == "host" else "gpu"]
+            if params.select is not None:
+                select = self.expr((*kind_at, "select"), params.select, SELECT_ROOTS)
+                ok = ok and select is not None
+            if params.free_until is not None:
+                free_until = self.expr((*kind_at, "free_until"), params.free_until, free_roots)
+                ok = ok and free_until is not None
+            keys = params.order if params.order is not None else DEFAULT_ORDER
+            for i, key in enumerate(keys):
+                compiled_key = self.order_key((*kind_at, "order", i), key)
+                if compiled_key is None:
+                    ok = False
+                else:
+                    order.append(compiled_key)
+            if isinstance(params, CheckpointParams) and params.signal is not None:
+                ok = self._signal((*kind_at, "signal"), params.signal) and ok
+        kill = step.kill
+        if kill is not None:
+            ok = self._signal((*kind_at, "signal"), kill.signal) and ok
+        if not ok:
+            return None
+        return CompiledStep(index, step, select, free_until, tuple(order))
+
+    def order_key(self, path: yamlfile.KeyPath, key: str) -> OrderKey | None:
+        descending = key.startswith("-")
+        name = key.lstrip("-+ ")
+        field = FIELDS.get(f"process.{name}")
+        if field is None or not (field.numeric or field.type == "priority"):
+            sortable = sorted(
+                f.removeprefix("process.")
+                for f, spec in FIELDS.items()
+                if f.startswith("process.") and (spec.numeric or spec.type == "priority")
+            )
+            self.problems.append(
+                self.located.problem(
+                    path,
+                    f"cannot order by {key!r}",
+                    f"a numeric process field, '-' first for descending: {', '.join(sortable)}",
+                )
+            )
+            return None
+        expr = self.compiler.compile(f"process.{name}", roots=SELECT_ROOTS, kind="value")
+        return OrderKey(name, descending, expr)
+
+    def _signal(self, path: yamlfile.KeyPath, name: str) -> bool:
+        text = name.strip().upper()
+        text = text if text.startswith("SIG") else "SIG" + text
+        allowed = CHECKPOINT_SIGNALS if "checkpoint" in path else KILL_SIGNALS
+        if text not in allowed:
+            self.problems.append(
+                self.located.problem(
+                    path,
+                    f"not a signal this step can send: {name!r}",
+                    f"one of {', '.join(sorted(allowed))}",
+                )
+            )
+            return False
+        return True
+
+
+def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
+    """Load every playbook file under ``paths``; raises ``InputError`` listing every problem."""
+    files = playbook_files(paths)
+    compiler = Compiler(config.priorities.names)
+    problems: list[Problem] = []
+    rules: list[CompiledRule] = []
+    first_seen: dict[str, tuple[str, int | None]] = {}
+    if not files:
+        where = ", ".join(str(p) for p in paths) or "(nothing given)"
+        raise InputError.at(where, None, None, "no playbook files found", "*.yaml or *.yml files")
+    for path in files:
+        try:
+            located = yamlfile.load(path)
+            if not isinstance(located.data, dict):
+                raise located.error((), "a playbook file must be a mapping", "rules: [...]")
+            document = yamlfile.validate(PlaybookFile, located)
+        except InputError as exc:
+            problems.extend(exc.problems)
+            continue
+        fc = _FileCompiler(located, compiler, config)
+        for index, rule in enumerate(document.rules):
+            compiled = fc.rule(index, rule)
+            if rule.name in first_seen:
+                file, line = first_seen[rule.name]
+                fc.problems.append(
+                    located.problem(
+                        ("rules", index, "name"),
+                        f"rule {rule.name!r} is defined twice (first at {file}:{line})",
+                        "each rule name once across all playbook files",
+                    )
+                )
+            else:
+                first_seen[rule.name] = (located.file, located.where(("rules", index))[0])
+            if compiled is not None:
+                rules.append(compiled)
+        problems.extend(fc.problems)
+    if problems:
+        raise InputError(problems)
+    return PlaybookSet(tuple(rules), tuple(compiler.series), tuple(str(f) for f in files), compiler)

@@ -1,0 +1,224 @@
+"""The playbook file format: rules and their escalation ladders (reference: docs/playbooks.md).
+
+This module only describes the shape of a playbook file; ``loader.py`` compiles its
+expressions, checks its references and reports every problem as file:line:col.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from gpuwarden.units import parse_duration
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+Severity = Literal["info", "warning", "critical"]
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _names(value: object) -> object:
+    return (value,) if isinstance(value, str) else value
+
+
+class Selection(_Strict):
+    """How a step chooses its target processes among the incident's candidates.
+
+    ``select`` filters (default: every candidate), ``order`` sorts (default: lowest priority
+    first, then most GPU memory, then youngest), ``limit`` caps how many, and ``free_until``
+    stops choosing once the projected state (with the chosen processes' memory freed) holds.
+    """
+
+    select: str | None = None
+    order: tuple[str, ...] | None = None
+    limit: int | None = Field(default=None, ge=1)
+    free_until: str | None = None
+
+    @field_validator("order", mode="before")
+    @classmethod
+    def _order_list(cls, value: object) -> object:
+        return _names(value)
+
+
+class NotifyParams(_Strict):
+    targets: Annotated[tuple[str, ...], BeforeValidator(_names)] = Field(min_length=1)
+    message: str | None = None
+
+
+class CheckpointParams(Selection):
+    wait: Seconds = 120.0
+    signal: str | None = None  # default: the job's GPUWARDEN_CHECKPOINT_SIGNAL, else SIGUSR1
+
+
+class SuspendParams(Selection):
+    resume_on_resolve: bool = True
+
+
+class ResumeParams(Selection):
+    pass
+
+
+class ReniceParams(Selection):
+    nice: int = Field(default=19, ge=-20, le=19)
+    ionice: Literal["idle", "best-effort", "unchanged"] = "idle"
+    restore: bool = True
+
+
+class KillParams(Selection):
+    grace: Seconds = 30.0
+    signal: str = "SIGTERM"
+    process_group: bool = False
+    settle: Seconds = 5.0
+
+
+class PowerCapParams(_Strict):
+    watts: float | None = Field(default=None, gt=0)
+    percent: float | None = Field(default=None, gt=0, le=100)
+    restore: bool = True
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> PowerCapParams:
+        if (self.watts is None) == (self.percent is None):
+            raise ValueError(
+                "give exactly one of watts (a limit in W) or percent (of the "
+                "device's default limit)"
+            )
+        return self
+
+
+class ExecParams(_Strict):
+    argv: tuple[str, ...] = Field(min_length=1)
+    timeout: Seconds = 30.0
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ProvisionParams(_Strict):
+    profile: str
+    count: int | None = Field(default=None, ge=1)
+
+
+def _shorthand(key: str) -> Any:
+    """``notify: oncall`` / ``exec: [argv]`` / ``provision: name`` / ``kill:`` (empty)."""
+
+    def expand(value: object) -> object:
+        if value is None:
+            return {}
+        if key == "targets" and isinstance(value, str | list):
+            return {"targets": value}
+        if key == "argv" and isinstance(value, list):
+            return {"argv": value}
+        if key == "profile" and isinstance(value, str):
+            return {"profile": value}
+        return value
+
+    return BeforeValidator(expand)
+
+
+STEP_KINDS: tuple[str, ...] = (
+    "notify",
+    "checkpoint",
+    "suspend",
+    "resume",
+    "renice",
+    "kill",
+    "power_cap",
+    "exec",
+    "provision",
+)
+SELECTING_KINDS = frozenset({"checkpoint", "suspend", "resume", "renice", "kill"})
+DESTRUCTIVE_KINDS = frozenset({"suspend", "kill", "power_cap", "exec", "provision"})
+
+StepParams = (
+    NotifyParams
+    | CheckpointParams
+    | SuspendParams
+    | ResumeParams
+    | ReniceParams
+    | KillParams
+    | PowerCapParams
+    | ExecParams
+    | ProvisionParams
+)
+
+
+class Step(_Strict):
+    """One rung of the ladder: ``after`` (from firing) plus exactly one step kind."""
+
+    after: Seconds = 0.0
+    name: str | None = None
+    notify: Annotated[NotifyParams | None, _shorthand("targets")] = None
+    checkpoint: Annotated[CheckpointParams | None, _shorthand("")] = None
+    suspend: Annotated[SuspendParams | None, _shorthand("")] = None
+    resume: Annotated[ResumeParams | None, _shorthand("")] = None
+    renice: Annotated[ReniceParams | None, _shorthand("")] = None
+    kill: Annotated[KillParams | None, _shorthand("")] = None
+    power_cap: Annotated[PowerCapParams | None, _shorthand("")] = None
+    exec: Annotated[ExecParams | None, _shorthand("argv")] = None
+    provision: Annotated[ProvisionParams | None, _shorthand("profile")] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_kind(cls, data: Any) -> Any:
+        # ``- kill:`` with nothing after it means "kill with the defaults".
+        if isinstance(data, dict):
+            return {k: ({} if k in STEP_KINDS and v is None else v) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Step:
+        kinds = [k for k in STEP_KINDS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            found = ", ".join(kinds) if kinds else "none"
+            raise ValueError(
+                f"a step has exactly one kind (found: {found}); kinds: {', '.join(STEP_KINDS)}"
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STEP_KINDS if getattr(self, k) is not None)
+
+    @property
+    def params(self) -> StepParams:
+        value: StepParams = getattr(self, self.kind)
+        return value
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+
+class Rule(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    for_each: Literal["gpu", "process", "host", "event"] = "gpu"
+    when: str
+    for_: Seconds = Field(default=0.0, alias="for")
+    until: str | None = None
+    active: str | tuple[str, ...] | None = None
+    every: str | float | None = None
+    cooldown: Seconds = 300.0
+    severity: Severity = "warning"
+    labels: dict[str, str] = Field(default_factory=dict)
+    mode: Literal["enforce", "shadow"] = "enforce"
+    steps: tuple[Step, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Rule:
+        if self.for_each == "event" and self.for_ > 0:
+            raise ValueError("an event rule fires on the event itself: it takes no `for`")
+        if self.every is not None and self.for_ > 0:
+            raise ValueError(
+                "a scheduled rule (`every`) is checked at its times: it takes no `for`"
+            )
+        return self
+
+
+class PlaybookFile(_Strict):
+    version: Literal[1] = 1
+    rules: tuple[Rule, ...] = ()
