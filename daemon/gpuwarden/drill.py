@@ -50,6 +50,7 @@ def _step_record(intent: Intent, t: float, source: ScenarioSource) -> dict[str, 
         "kind": "step",
         "rule": intent.rule,
         "scope": intent.scope,
+        "where": intent.where,
         "incident": intent.incident,
         "step": intent.label,
         "index": intent.step,
@@ -59,6 +60,13 @@ def _step_record(intent: Intent, t: float, source: ScenarioSource) -> dict[str, 
     params = intent.params
     if intent.kind == "notify":
         record["notify"] = list(getattr(params, "targets", ()))
+    elif intent.kind == "power_cap":
+        watts, percent = getattr(params, "watts", None), getattr(params, "percent", None)
+        record["power_cap"] = {"gpu": intent.gpu, "watts": watts, "percent": percent}
+    elif intent.kind == "exec":
+        record["argv"] = list(getattr(params, "argv", ()))
+    elif intent.kind == "provision":
+        record["profile"] = getattr(params, "profile", None)
     if intent.shadow:
         record["shadow"] = True
     return record
@@ -70,6 +78,7 @@ def _change_record(change: RuleChange, t: float) -> dict[str, Any]:
         "kind": str(change.kind),
         "rule": change.rule,
         "scope": change.scope,
+        "where": change.where,
         "reason": str(change.reason),
     }
     if change.incident:
@@ -101,13 +110,15 @@ def run(
             t = now - source.start_time
             result = engine.step(source.snapshot(now), now)
             summary.ticks += 1
-            for change in result.changes:
-                if change.kind == "firing":
-                    summary.fired += 1
-                elif change.kind == "resolved":
-                    summary.resolved += 1
-                yield _change_record(change, t)
-            for intent in result.intents:
+            for item in result.records:
+                if isinstance(item, RuleChange):
+                    if item.kind == "firing":
+                        summary.fired += 1
+                    elif item.kind == "resolved":
+                        summary.resolved += 1
+                    yield _change_record(item, t)
+                    continue
+                intent = item
                 yield _step_record(intent, t, source)
                 for skipped in intent.skipped:
                     yield {
@@ -115,6 +126,7 @@ def run(
                         "kind": "skip",
                         "rule": intent.rule,
                         "scope": intent.scope,
+                        "where": intent.where,
                         "incident": intent.incident,
                         "step": intent.label,
                         "targets": [_target(skipped.target, source)],
@@ -148,12 +160,20 @@ def _who(target: dict[str, Any]) -> str:
 def render_record(record: dict[str, Any]) -> str:
     """One timeline line for people (``--json`` prints the record itself)."""
     kind = record["kind"]
-    head = f"{_clock(record['t'])}  {record['rule']}  {record['scope']}"
+    head = f"{_clock(record['t'])}  {record['rule']}  {record.get('where') or record['scope']}"
     reason = record["reason"].replace("_", " ")
     if kind == "step":
         targets = record.get("targets") or []
         if "notify" in record:
             what = "→ " + ", ".join(record["notify"])
+        elif "power_cap" in record:
+            cap = record["power_cap"]
+            limit = f"{cap['watts']:g} W" if cap["watts"] else f"{cap['percent']:g}% of default"
+            what = f"→ GPU {cap['gpu']} limited to {limit}"
+        elif "argv" in record:
+            what = "→ " + " ".join(record["argv"])
+        elif "profile" in record:
+            what = f"→ cloud profile {record['profile']}"
         elif targets:
             what = "→ " + "; ".join(_who(t) for t in targets)
         else:

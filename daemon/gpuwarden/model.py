@@ -308,6 +308,7 @@ class Intent:
     skipped: tuple[Skipped, ...] = ()
     gpu: int | None = None
     params: object = None
+    where: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,3 +341,4 @@ class RuleChange:
     reason: Reason
     incident: str | None = None
     detail: str = ""
+    where: str = ""  # the scope as people read it: "GPU 0", "pid 4242 on GPU 1"

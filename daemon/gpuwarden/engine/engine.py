@@ -40,6 +40,7 @@ from gpuwarden.playbook.loader import CompiledRule, CompiledStep, PlaybookSet
 from gpuwarden.playbook.schema import SELECTING_KINDS
 
 Env = dict[str, Any]
+Records = list[RuleChange | Intent]  # in the order they happened within the tick
 
 
 @dataclass
@@ -69,12 +70,20 @@ class _ScopeState:
     cooldown_until: float = 0.0
     cooldown_noted: bool = False
     window_noted: bool = False
+    label: str = ""
 
 
 @dataclass(frozen=True)
 class Tick:
-    changes: tuple[RuleChange, ...]
-    intents: tuple[Intent, ...]
+    records: tuple[RuleChange | Intent, ...]
+
+    @property
+    def changes(self) -> tuple[RuleChange, ...]:
+        return tuple(r for r in self.records if isinstance(r, RuleChange))
+
+    @property
+    def intents(self) -> tuple[Intent, ...]:
+        return tuple(r for r in self.records if isinstance(r, Intent))
 
 
 def _stamp(now: float) -> str:
@@ -112,8 +121,8 @@ class Engine:
         del outcome  # the journal keeps outcomes; the ladder only needs "finished"
 
     def step(self, snapshot: Snapshot, now: float) -> Tick:
-        changes: list[RuleChange] = []
-        intents: list[Intent] = []
+        records: Records = []
+        changes = intents = records  # one ordered list; the names say what goes in
         gpus = {g.index: g for g in snapshot.gpus}
         base = tick_env(snapshot, now, self.tz)
         base.update(gpu=None, process=None, event=None, _snapshot=snapshot, _gpus=gpus)
@@ -139,7 +148,7 @@ class Engine:
                 changes,
                 intents,
             )
-        return Tick(tuple(changes), tuple(intents))
+        return Tick(tuple(records))
 
     # -- history ----------------------------------------------------------------------------
 
@@ -179,8 +188,8 @@ class Engine:
         gpus: dict[int, Any],
         base: Env,
         now: float,
-        changes: list[RuleChange],
-        intents: list[Intent],
+        changes: Records,
+        intents: Records,
     ) -> None:
         present: set[str] = set()
         for scope in scopes:
@@ -195,6 +204,7 @@ class Engine:
                     continue
                 state = self._states[key] = _ScopeState()
             present.add(scope.key)
+            state.label = scope.label
             if state.phase == "firing":
                 continue  # handled below with every open incident of the rule
             self._idle_or_pending(rule, scope, state, holds, env, now, changes, intents)
@@ -213,7 +223,14 @@ class Engine:
             if state.phase == "pending" and key[1] not in present:
                 state.phase = "inactive"
                 changes.append(
-                    RuleChange(Transition.CANCELLED, rule.name, key[1], now, Reason.SCOPE_GONE)
+                    RuleChange(
+                        Transition.CANCELLED,
+                        rule.name,
+                        key[1],
+                        now,
+                        Reason.SCOPE_GONE,
+                        where=state.label,
+                    )
                 )
             if state.phase == "inactive" and state.cooldown_until <= now:
                 del self._states[key]
@@ -226,15 +243,22 @@ class Engine:
         holds: bool,
         env: Env,
         now: float,
-        changes: list[RuleChange],
-        intents: list[Intent],
+        changes: Records,
+        intents: Records,
     ) -> None:
         name = rule.name
         if not holds:
             if state.phase == "pending":
                 state.phase = "inactive"
                 changes.append(
-                    RuleChange(Transition.CANCELLED, name, scope.key, now, Reason.CONDITION_CLEARED)
+                    RuleChange(
+                        Transition.CANCELLED,
+                        name,
+                        scope.key,
+                        now,
+                        Reason.CONDITION_CLEARED,
+                        where=scope.label,
+                    )
                 )
             state.cooldown_noted = state.window_noted = False
             return
@@ -242,7 +266,14 @@ class Engine:
             if state.phase == "pending":
                 state.phase = "inactive"
                 changes.append(
-                    RuleChange(Transition.CANCELLED, name, scope.key, now, Reason.INACTIVE_WINDOW)
+                    RuleChange(
+                        Transition.CANCELLED,
+                        name,
+                        scope.key,
+                        now,
+                        Reason.INACTIVE_WINDOW,
+                        where=scope.label,
+                    )
                 )
             state.window_noted = True
             return
@@ -257,6 +288,7 @@ class Engine:
                         now,
                         Reason.COOLDOWN,
                         detail=f"until {_stamp(state.cooldown_until)}",
+                        where=scope.label,
                     )
                 )
             return
@@ -268,7 +300,14 @@ class Engine:
             state.phase = "pending"
             state.since = now
             changes.append(
-                RuleChange(Transition.PENDING, name, scope.key, now, Reason.CONDITION_MET)
+                RuleChange(
+                    Transition.PENDING,
+                    name,
+                    scope.key,
+                    now,
+                    Reason.CONDITION_MET,
+                    where=scope.label,
+                )
             )
         if now - state.since >= rule.spec.for_:
             self._fire(rule, scope, state, now, Reason.FOR_ELAPSED, changes, intents, env)
@@ -280,8 +319,8 @@ class Engine:
         state: _ScopeState,
         now: float,
         reason: Reason,
-        changes: list[RuleChange],
-        intents: list[Intent],
+        changes: Records,
+        intents: Records,
         env: Env,
     ) -> None:
         state.phase = "firing"
@@ -304,7 +343,13 @@ class Engine:
         state.incident = incident
         changes.append(
             RuleChange(
-                Transition.FIRING, rule.name, scope.key, now, reason, incident.id, scope.label
+                Transition.FIRING,
+                rule.name,
+                scope.key,
+                now,
+                reason,
+                incident.id,
+                where=scope.label,
             )
         )
         self._ladder(rule, incident, scope, env, True, now, changes, intents)
@@ -316,8 +361,8 @@ class Engine:
         snapshot: Snapshot,
         base: Env,
         now: float,
-        changes: list[RuleChange],
-        intents: list[Intent],
+        changes: Records,
+        intents: Records,
         present: set[str] | None = None,
     ) -> None:
         """Resolve or advance every open incident of ``rule``."""
@@ -367,7 +412,7 @@ class Engine:
         state: _ScopeState,
         now: float,
         reason: Reason,
-        changes: list[RuleChange],
+        changes: Records,
     ) -> None:
         incident = state.incident
         assert incident is not None
@@ -385,7 +430,7 @@ class Engine:
                 now,
                 reason,
                 incident.id,
-                incident.label,
+                where=incident.label,
             )
         )
 
@@ -399,8 +444,8 @@ class Engine:
         env: Env,
         holds: bool,
         now: float,
-        changes: list[RuleChange],
-        intents: list[Intent],
+        changes: Records,
+        intents: Records,
     ) -> None:
         while incident.next_step < len(rule.steps):
             index = incident.next_step
@@ -422,6 +467,7 @@ class Engine:
                             Reason.CONDITION_NOT_HOLDING,
                             incident.id,
                             step.spec.label,
+                            where=incident.label,
                         )
                     )
                 return
@@ -457,12 +503,14 @@ class Engine:
             shadow=incident.shadow,
             gpu=incident.gpu,
             params=step.spec.params,
+            where=incident.label,
         )
         if step.kind not in SELECTING_KINDS:
             return intent
         candidates = self._candidates(rule, scope, env)
-        already = self._killed | {(pid, ct) for kind, pid, ct in incident.targeted
-                                  if kind == step.kind}
+        already = self._killed | {
+            (pid, ct) for kind, pid, ct in incident.targeted if kind == step.kind
+        }
         plan = self.planner.plan(
             step,
             candidates,
@@ -481,7 +529,9 @@ class Engine:
         kind = rule.spec.for_each
         if kind == "process":
             return [scope.process] if scope.process is not None else []
-        if kind == "host":
+        if kind in ("host", "event"):
+            # An event's harm reaches beyond its GPU (the other ranks of a job hang): every
+            # process is a candidate, and `select` may narrow it with process.gpu == event.gpu.
             return list(snapshot_procs)
         gpu = (
             scope.gpu.index
