@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-test
 DEMO_SCENARIO ?= scenarios/memory-pressure-low-priority.yaml
 
-.PHONY: demo test lint bench gpu-check clean
+.PHONY: demo test lint bench golden gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+# Rewrite the golden drill timelines after an intended behaviour change; review the diff.
+golden: $(STAMP)
+	$(BIN)/python -m tests.regen_golden
 
 # The one command to run on a machine that has an NVIDIA GPU and driver.
 gpu-check: $(STAMP)

@@ -1,0 +1,116 @@
+"""``gpuwarden drill`` as on-call staff run it: a real subprocess, shipped files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuwarden.errors import ExitCode
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = "scenarios/memory-pressure-low-priority.yaml"
+
+
+def gpuwarden(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUWARDEN_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwarden", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_memory_pressure_drill_json_shows_the_whole_ladder() -> None:
+    result = gpuwarden("drill", SCENARIO, "--config", "config/gpuwarden.yaml", "--json")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    for record in records:
+        assert {"t", "kind", "rule", "scope", "reason"} <= set(record)
+        assert record["kind"] in {
+            "pending",
+            "firing",
+            "step",
+            "skip",
+            "resolved",
+            "cooldown",
+            "cancelled",
+            "waiting",
+        }
+    ladder = [
+        (r["t"], r["kind"], r.get("step"), [t["job"] for t in r.get("targets", [])])
+        for r in records
+        if r["rule"] == "gpu-memory-pressure" and r["kind"] != "skip"
+    ]
+    assert ladder == [
+        (94.0, "pending", None, []),
+        (124.0, "firing", None, []),
+        (124.0, "step", "notify", []),
+        (124.0, "step", "checkpoint", ["trainer"]),
+        (244.0, "step", "kill", ["sweep"]),
+        (246.0, "resolved", None, []),
+    ]
+    kills = [r for r in records if r["kind"] == "step" and r.get("step") == "kill"]
+    assert [t["priority"] for k in kills for t in k["targets"]] == ["low"]
+
+
+def test_drill_uses_the_checkouts_playbooks_when_none_are_installed(tmp_path: Path) -> None:
+    result = gpuwarden("drill", SCENARIO, "--config", "config/gpuwarden.yaml")
+    assert result.returncode == 0, result.stderr
+    if not Path("/etc/gpuwarden/playbooks").exists():
+        assert "using ./playbooks" in result.stderr
+    assert "STEP kill → pid" in result.stdout
+    assert "(sweep) bob/low" in result.stdout
+    assert result.stdout.splitlines()[-3].startswith(f"summary: {SCENARIO}: 8 rule(s)")
+
+
+def test_drill_touches_nothing_outside(tmp_path: Path) -> None:
+    before = set(os.listdir("/proc"))
+    result = gpuwarden("drill", SCENARIO, "--config", "config/gpuwarden.yaml", "--json")
+    assert result.returncode == 0
+    # no stand-in was spawned: every PID in the timeline is a synthetic one
+    pids = {
+        t["pid"] for line in result.stdout.splitlines() for t in json.loads(line).get("targets", [])
+    }
+    assert pids and all(pid > 2**22 for pid in pids)
+    assert not {
+        p
+        for p in set(os.listdir("/proc")) - before
+        if p.isdigit()
+        and Path(f"/proc/{p}/cmdline").exists()
+        and b"standin" in Path(f"/proc/{p}/cmdline").read_bytes()
+    }
+
+
+def test_drill_of_a_broken_playbook_fails_with_its_position(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "playbooks", tmp_path / "playbooks")
+    broken = tmp_path / "playbooks" / "memory-pressure.yaml"
+    broken.write_text(
+        broken.read_text().replace("gpu.memory.used_pct >= 95", "gpu.memory.used_pc >= 95")
+    )
+    result = gpuwarden(
+        "drill",
+        SCENARIO,
+        "--config",
+        "config/gpuwarden.yaml",
+        "--playbooks",
+        str(tmp_path / "playbooks"),
+    )
+    assert result.returncode == ExitCode.BAD_INPUT
+    assert result.stdout == ""
+    assert f"{broken}:13:" in result.stderr
+    assert "did you mean gpu.memory.used_pct" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_drill_of_a_missing_scenario_is_a_usage_error() -> None:
+    result = gpuwarden("drill", "nope.yaml", "--config", "config/gpuwarden.yaml")
+    assert result.returncode == ExitCode.BAD_INPUT
+    assert "no such scenario file: nope.yaml" in result.stderr
