@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
 
 from gpuwarden.config import Protected
 from gpuwarden.model import ProcessInfo
@@ -61,5 +60,5 @@ class ProtectedMatcher:
         if info.name:
             names.append(info.name)
         if info.cmdline:
-            names.append(PurePosixPath(info.cmdline[0]).name)
+            names.append(info.cmdline[0].rsplit("/", 1)[-1])
         return tuple(names)
