@@ -17,17 +17,18 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.config import Config
 from gpuwarden.engine.history import History
-from gpuwarden.engine.planner import Planner, freed_gpu
+from gpuwarden.engine.planner import Planner, freed_gpu, freed_host
 from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.engine.scopes import SCOPES, Scope, gpu_key
 from gpuwarden.model import (
     GpuProcess,
+    GpuState,
     Intent,
     Outcome,
     Reason,
@@ -38,6 +39,7 @@ from gpuwarden.model import (
 from gpuwarden.playbook.fields import HostView, tick_env
 from gpuwarden.playbook.loader import CompiledRule, CompiledStep, PlaybookSet
 from gpuwarden.playbook.schema import SELECTING_KINDS
+from gpuwarden.playbook.timewindow import Schedule
 
 Env = dict[str, Any]
 Records = list[RuleChange | Intent]  # in the order they happened within the tick
@@ -69,7 +71,6 @@ class _ScopeState:
     incident: Incident | None = None
     cooldown_until: float = 0.0
     cooldown_noted: bool = False
-    window_noted: bool = False
     label: str = ""
 
 
@@ -90,6 +91,17 @@ def _stamp(now: float) -> str:
     return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+def _latest_instant(schedule: Schedule, last: float, now: float, tz: dt.tzinfo) -> float:
+    """The latest scheduled instant in ``(last, now]`` (one is due). The next run counts from
+    it, not from ``now``: ticks that miss the instants do not make an interval drift."""
+    run = schedule.next_run(last, tz)
+    if schedule.interval is not None:
+        return run + (now - run) // schedule.interval * schedule.interval
+    while (following := schedule.next_run(run, tz)) <= now:
+        run = following
+    return run
+
+
 class Engine:
     def __init__(
         self, playbooks: PlaybookSet, config: Config, *, self_pid: int | None = None
@@ -100,9 +112,12 @@ class Engine:
         self.history = History()
         self.planner = Planner(ProtectedMatcher(config.protected, self_pid=self_pid))
         self._states: dict[tuple[str, str], _ScopeState] = {}
-        self._last_run: dict[str, float | None] = {}
-        self._intents: dict[str, tuple[Incident, int]] = {}
+        self._last_run: dict[str, float] = {}
+        self._intents: dict[str, tuple[Incident, int, Intent]] = {}
         self._killed: set[tuple[int, float | None]] = set()
+        # Incident ids opened within the current second (ids are stamped to the second).
+        self._id_second = ""
+        self._ids: dict[str, int] = {}
 
     # -- public -----------------------------------------------------------------------------
 
@@ -115,10 +130,13 @@ class Engine:
         found = self._intents.pop(intent_id, None)
         if found is None:
             return
-        incident, index = found
+        incident, index, intent = found
         incident.running.pop(index, None)
         incident.finished.add(index)
-        del outcome  # the journal keeps outcomes; the ladder only needs "finished"
+        if intent.kind == "kill" and not outcome.ok:
+            # A kill that failed did not remove its targets: later steps may choose them.
+            for target in intent.targets:
+                self._killed.discard((target.pid, target.create_time))
 
     def step(self, snapshot: Snapshot, now: float) -> Tick:
         records: Records = []
@@ -137,7 +155,7 @@ class Engine:
                 if not due:
                     self._advance_open(rule, scopes_by_kind, snapshot, base, now, changes, intents)
                     continue
-                self._last_run[rule.name] = now
+                self._last_run[rule.name] = _latest_instant(rule.every, last, now, self.tz)
             self._evaluate(
                 rule,
                 scopes_by_kind[rule.spec.for_each],
@@ -260,7 +278,6 @@ class Engine:
                         where=scope.label,
                     )
                 )
-            state.cooldown_noted = state.window_noted = False
             return
         if rule.active is not None and not rule.active.contains(now, self.tz):
             if state.phase == "pending":
@@ -275,7 +292,6 @@ class Engine:
                         where=scope.label,
                     )
                 )
-            state.window_noted = True
             return
         if now < state.cooldown_until:
             if not state.cooldown_noted:
@@ -330,7 +346,7 @@ class Engine:
             else (scope.event.gpu if scope.event is not None else None)
         )
         incident = Incident(
-            id=f"{_stamp(now)}-{rule.name}-{scope.key.split('@')[0].replace('/', '-')}",
+            id=self._incident_id(rule, scope, now),
             rule=rule.name,
             scope=scope.key,
             label=scope.label,
@@ -353,6 +369,17 @@ class Engine:
             )
         )
         self._ladder(rule, incident, scope, env, True, now, changes, intents)
+
+    def _incident_id(self, rule: CompiledRule, scope: Scope, now: float) -> str:
+        """``<UTC second>-<rule>-<scope>``; an incident of the same rule and scope opened
+        again within that second (a flapping rule without cooldown, a reused PID) gets
+        ``-2``, ``-3``, ... so that no two incidents, and no two intents, share an id."""
+        stamp = _stamp(now)
+        if stamp != self._id_second:
+            self._id_second, self._ids = stamp, {}
+        base = f"{stamp}-{rule.name}-{scope.key.split('@')[0].replace('/', '-')}"
+        count = self._ids[base] = self._ids.get(base, 0) + 1
+        return base if count == 1 else f"{base}-{count}"
 
     def _advance_open(
         self,
@@ -380,8 +407,6 @@ class Engine:
                     gpu=None if incident.gpu is None else gpus.get(incident.gpu),
                     event=incident.event,
                 )
-            elif rule.every is not None and scope is None and key == "host":
-                scope = Scope("host", snapshot.host)
             if scope is None:
                 self._resolve(rule, state, now, Reason.SCOPE_GONE, changes)
                 continue
@@ -476,7 +501,7 @@ class Engine:
             incident.next_step += 1
             if step.blocking and (bool(intent.targets) or step.kind not in SELECTING_KINDS):
                 incident.running[index] = intent.id
-                self._intents[intent.id] = (incident, index)
+                self._intents[intent.id] = (incident, index, intent)
             else:
                 incident.finished.add(index)
 
@@ -516,7 +541,7 @@ class Engine:
             candidates,
             lambda p: self._process_env(env, p),
             already,
-            self._projector(rule, scope, env),
+            self._projector(env),
         )
         for target in plan.targets:
             incident.targeted.add((step.kind, target.pid, target.create_time))
@@ -549,28 +574,24 @@ class Engine:
         penv["gpu"] = gpus.get(proc.gpu, env["gpu"])
         return penv
 
-    def _projector(self, rule: CompiledRule, scope: Scope, env: Env) -> Any:
-        if rule.spec.for_each == "host":
-            host: HostView = env["host"]
+    def _projector(self, env: Env) -> Callable[[Mapping[int, int]], Env]:
+        """The environment ``free_until`` is checked in, with the memory the chosen processes
+        hold freed on the GPUs where they hold it: the scope's GPU (``gpu.*``) and the host
+        (``host.*``, over the GPUs it counts), whatever the rule's scope."""
+        gpu: GpuState | None = env["gpu"]
+        host: HostView = env["host"]
+        gpus: dict[int, GpuState] = env["_gpus"]
+        counted = {
+            index
+            for index, g in gpus.items()
+            if g.memory.used_mib is not None and g.memory.total_mib is not None
+        }
 
-            def project_host(mib: int, _last: GpuProcess | None) -> Env:
-                penv = dict(env)
-                if host.memory_used_mib is not None and host.memory_total_mib:
-                    used = max(0, host.memory_used_mib - mib)
-                    penv["host"] = replace(
-                        host,
-                        memory_used_mib=used,
-                        memory_used_pct=100.0 * used / host.memory_total_mib,
-                    )
-                return penv
-
-            return project_host
-        gpu = scope.gpu
-
-        def project_gpu(mib: int, _last: GpuProcess | None) -> Env:
+        def project(freed: Mapping[int, int]) -> Env:
             penv = dict(env)
             if gpu is not None:
-                penv["gpu"] = freed_gpu(gpu, mib)
+                penv["gpu"] = freed_gpu(gpu, freed.get(gpu.index, 0))
+            penv["host"] = freed_host(host, sum(m for i, m in freed.items() if i in counted))
             return penv
 
-        return project_gpu
+        return project

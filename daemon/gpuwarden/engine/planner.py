@@ -1,22 +1,24 @@
 """Victim planning: which processes a step acts on, in which order, and why the others not.
 
 1. Candidates come from the incident's scope (the processes on its GPU, the process itself,
-   every process on the host, or those on the event's GPU).
+   or, for host and event rules, every process).
 2. Each is dropped with a reason when ``select`` is false for it, or when it is orphaned,
    protected, a zombie, already targeted by such a step, or (checkpoint) not opted in.
 3. The rest are ordered (default: lowest priority first, then most GPU memory, then youngest)
    and taken one by one until ``limit`` is reached or ``free_until`` holds on the projected
-   state — the snapshot with the memory of the processes chosen so far freed.
+   state — the snapshot with the memory of the processes chosen so far freed, on the GPUs
+   where they hold it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.model import GpuProcess, GpuState, Memory, Reason, Skipped, Target
+from gpuwarden.playbook.fields import HostView
 from gpuwarden.playbook.loader import CompiledStep
 from gpuwarden.playbook.schema import CheckpointParams
 
@@ -51,6 +53,14 @@ def freed_gpu(gpu: GpuState, mib: int) -> GpuState:
     return replace(gpu, memory=Memory(m.total_mib, used, free, m.reserved_mib))
 
 
+def freed_host(host: HostView, mib: int) -> HostView:
+    """``host`` as it would be with ``mib`` more GPU memory free."""
+    if host.memory_used_mib is None or not host.memory_total_mib:
+        return host
+    used = max(0, host.memory_used_mib - mib)
+    return replace(host, memory_used_mib=used, memory_used_pct=100.0 * used / host.memory_total_mib)
+
+
 @dataclass(frozen=True)
 class Plan:
     targets: tuple[Target, ...]
@@ -68,13 +78,14 @@ class Planner:
         candidates: Sequence[GpuProcess],
         env_for: Callable[[GpuProcess], Env],
         already: set[tuple[int, float | None]],
-        projected: Callable[[int, GpuProcess | None], Env] | None,
+        projected: Callable[[Mapping[int, int]], Env] | None,
     ) -> Plan:
-        """``projected(mib_freed, last_chosen)`` is the env ``free_until`` is checked in."""
+        """``projected(freed)`` is the env ``free_until`` is checked in; ``freed`` maps a GPU
+        index to the MiB the processes chosen so far hold on it."""
         params = step.spec.params
         skipped: list[Skipped] = []
         eligible: list[tuple[GpuProcess, Env]] = []
-        merged = _merge_by_pid(candidates)
+        merged, spread = _merge_by_pid(candidates)
         for proc in merged:
             env = env_for(proc)
             if step.select is not None and not step.select.test(env):
@@ -88,13 +99,12 @@ class Planner:
         eligible.sort(key=lambda item: _sort_key(step, item[1]))
         limit = getattr(params, "limit", None)
         chosen: list[Target] = []
-        freed = 0
-        last: GpuProcess | None = None
+        freed: dict[int, int] = {}
         for proc, _env in eligible:
             if (
                 step.free_until is not None
                 and projected is not None
-                and step.free_until.test(projected(freed, last))
+                and step.free_until.test(projected(freed))
             ):
                 skipped.append(Skipped(target_of(proc), Reason.FREE_UNTIL_MET))
                 continue
@@ -102,8 +112,8 @@ class Planner:
                 skipped.append(Skipped(target_of(proc), Reason.LIMIT_REACHED))
                 continue
             chosen.append(target_of(proc))
-            freed += proc.gpu_memory_mib or 0
-            last = proc
+            for index, mib in spread[identity(proc)].items():
+                freed[index] = freed.get(index, 0) + mib
         if chosen:
             reason = Reason.STEP_DUE
         elif eligible and step.free_until is not None:
@@ -134,18 +144,28 @@ class Planner:
         return None
 
 
-def _merge_by_pid(candidates: Sequence[GpuProcess]) -> list[GpuProcess]:
-    """One entry per process; a process on several GPUs counts all its memory."""
-    merged: dict[tuple[int, float | None], GpuProcess] = {}
+Identity = tuple[int, float | None]
+
+
+def _merge_by_pid(
+    candidates: Sequence[GpuProcess],
+) -> tuple[list[GpuProcess], dict[Identity, dict[int, int]]]:
+    """One entry per process; a process on several GPUs counts all its memory. Also, per
+    process, the MiB it holds on each GPU (what choosing it frees where)."""
+    merged: dict[Identity, GpuProcess] = {}
+    spread: dict[Identity, dict[int, int]] = {}
     for proc in candidates:
         key = identity(proc)
+        on = spread.setdefault(key, {})
+        if proc.gpu_memory_mib is not None:
+            on[proc.gpu] = on.get(proc.gpu, 0) + proc.gpu_memory_mib
         seen = merged.get(key)
         if seen is None:
             merged[key] = proc
         elif proc.gpu_memory_mib is not None:
             total = (seen.gpu_memory_mib or 0) + proc.gpu_memory_mib
             merged[key] = replace(seen, gpu_memory_mib=total)
-    return list(merged.values())
+    return list(merged.values()), spread
 
 
 def _sort_key(step: CompiledStep, env: Env) -> tuple[Any, ...]:
