@@ -143,6 +143,8 @@ def test_a_target_carries_what_executors_need(tmp_path: Path) -> None:
         gpu_memory_mib=1234,
         command=("python3 train.py " + "x" * 300)[:200],
         checkpoint_signal="SIGUSR2",
+        uid=1000,
+        ack_dir=None,
     )
 
 

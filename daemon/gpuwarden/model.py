@@ -278,6 +278,8 @@ class Target:
     gpu_memory_mib: int | None
     command: str = ""
     checkpoint_signal: str | None = None
+    uid: int | None = None  # the owner when planned: a process that changed owner is skipped
+    ack_dir: str | None = None  # where the job writes checkpoint acks (its GPUWARDEN_ACK_DIR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +314,37 @@ class Intent:
 
 
 @dataclass(frozen=True, slots=True)
+class TargetResult:
+    """What happened to one target of a step.
+
+    ``state`` is a short word for logs and the journal: ``signalled``, ``acknowledged``,
+    ``timed_out``, ``killed``, ``terminated``, ``suspended``, ``resumed``, ``reniced``,
+    ``gone`` (exited before we acted), ``reused`` (the PID now belongs to another process),
+    ``owner_changed``, ``denied``, ``not_needed`` (enough was freed already), ``would``
+    (dry-run: what would have been done).
+    """
+
+    pid: int
+    create_time: float | None
+    ok: bool
+    state: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Undo:
+    """Something to put back when the incident resolves or the daemon stops: resume a
+    suspended job, restore a nice value, restore a power limit. Kept in the journal."""
+
+    kind: str  # "resume" | "renice" | "power_limit"
+    pid: int | None = None
+    create_time: float | None = None
+    gpu: int | None = None
+    value: float | int | None = None  # the nice value or the power limit (W) to restore
+    ionice: str | None = None  # the I/O class to restore ("best-effort:4", "idle", ...)
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """What an executor reports: ``recoverable`` says whether trying again may help."""
 
@@ -319,6 +352,8 @@ class Outcome:
     recoverable: bool = False
     detail: str = ""
     dry_run: bool = False
+    targets: tuple[TargetResult, ...] = ()
+    undo: tuple[Undo, ...] = ()
 
 
 class Transition(enum.StrEnum):

@@ -36,6 +36,8 @@ def target_of(proc: GpuProcess, memory: int | None = None) -> Target:
         gpu_memory_mib=proc.gpu_memory_mib if memory is None else memory,
         command=info.command[:200],
         checkpoint_signal=info.checkpoint_signal,
+        uid=info.uid,
+        ack_dir=(info.env or {}).get("GPUWARDEN_ACK_DIR"),
     )
 
 
