@@ -1,0 +1,1 @@
+"""Executors: one module per step kind, each ``execute(intent, ctx) -> Outcome``."""
