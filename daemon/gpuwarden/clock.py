@@ -51,3 +51,27 @@ class SimClock:
             raise ValueError("a clock does not go back")
         self._now += seconds
         self._mono += seconds
+
+
+class ScaledClock:
+    """Real time, sped up: ``speed`` simulated seconds pass per real second, and ``sleep``
+    sleeps for the real share. Replays of scenarios with real processes run on it, so that a
+    ten-minute incident takes thirty seconds while the processes still get real time to react.
+    """
+
+    def __init__(self, speed: float, start: float | None = None) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        self.speed = speed
+        self._t0 = time.monotonic()
+        self._start = time.time() if start is None else start
+
+    def now(self) -> float:
+        return self._start + (time.monotonic() - self._t0) * self.speed
+
+    def monotonic(self) -> float:
+        return (time.monotonic() - self._t0) * self.speed
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds / self.speed)

@@ -210,6 +210,28 @@ class Cloud(_Strict):
     profiles: dict[str, CloudProfile] = Field(default_factory=dict)
 
 
+class Limit(_Strict):
+    """At most ``actions`` destructive actions (one per process acted on) within ``window``."""
+
+    actions: int = Field(ge=1)
+    window: Seconds = Field(gt=0)
+
+
+class Safety(_Strict):
+    """Rails for destructive steps (suspend, kill, power_cap, exec, provision).
+
+    ``per_rule`` and ``overall`` refuse a step that would exceed them. The ``breaker`` trips
+    when that many destructive actions happened within its window: every destructive step is
+    then refused until ``gpuwarden reset-breaker``, and the admin target is told."""
+
+    per_rule: Limit = Limit(actions=5, window=600.0)
+    overall: Limit = Limit(actions=20, window=600.0)
+    breaker: Limit = Limit(actions=10, window=600.0)
+    restore_on_exit: bool = True  # resume suspended jobs, restore nice and power at shutdown
+    workers: int = Field(default=4, ge=1, le=64)  # steps running at once
+    shutdown_grace: Seconds = 10.0  # how long a stop waits for running steps
+
+
 class Config(_Strict):
     host: str | None = None
     tick: Seconds = Field(default=2.0, gt=0)
@@ -222,6 +244,7 @@ class Config(_Strict):
     protected: Protected = Protected()
     notify: Notify = Notify()
     cloud: Cloud = Cloud()
+    safety: Safety = Safety()
 
     @field_validator("timezone")
     @classmethod

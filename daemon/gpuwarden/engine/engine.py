@@ -121,6 +121,69 @@ class Engine:
 
     # -- public -----------------------------------------------------------------------------
 
+    def restore(
+        self,
+        *,
+        rule: str,
+        scope: str,
+        label: str,
+        incident: str,
+        opened: float,
+        gpu: int | None,
+        planned_steps: Iterable[int],
+        targeted: Iterable[tuple[str, int, float | None]],
+    ) -> bool:
+        """Take back an incident a previous run left open (from the journal), so that a restart
+        repeats no step: every step already planned counts as finished, even one that was in
+        flight when the daemon died. False when the rule no longer exists."""
+        compiled = self.playbooks.rule(rule)
+        if compiled is None:
+            return False
+        steps = set(planned_steps)
+        state = self._states.setdefault((rule, scope), _ScopeState())
+        state.phase = "firing"
+        state.label = label
+        restored = Incident(
+            id=incident,
+            rule=rule,
+            scope=scope,
+            label=label,
+            opened=opened,
+            severity=compiled.spec.severity,
+            shadow=compiled.spec.mode == "shadow",
+            gpu=gpu,
+            next_step=max(steps) + 1 if steps else 0,
+        )
+        restored.finished.update(steps)
+        restored.targeted.update(targeted)
+        for kind, pid, created in restored.targeted:
+            if kind == "kill" and not restored.shadow:
+                self._killed.add((pid, created))
+        state.incident = restored
+        return True
+
+    def still_needed(self, intent: Intent, snapshot: Snapshot, now: float) -> bool:
+        """For a kill in progress: does the step's ``free_until`` still fail on a fresh
+        snapshot? (No ``free_until``: True; the step's targets were chosen for themselves.)
+        Safe to call from another thread: it reads no engine state that changes."""
+        rule = self.playbooks.rule(intent.rule)
+        if rule is None or intent.step >= len(rule.steps):
+            return False
+        step = rule.steps[intent.step]
+        if step.free_until is None:
+            return True
+        base = tick_env(snapshot, now, self.tz)
+        gpus = {g.index: g for g in snapshot.gpus}
+        base.update(
+            process=None,
+            event=None,
+            _snapshot=snapshot,
+            _gpus=gpus,
+            gpu=gpus.get(intent.gpu) if intent.gpu is not None else None,
+            _h=History().view("", now),
+        )
+        return not step.free_until.test(base)
+
     @property
     def incidents(self) -> list[Incident]:
         return [s.incident for s in self._states.values() if s.incident is not None]

@@ -1,0 +1,180 @@
+"""The daemon's commands: ``run``, ``incidents``, ``incident`` and ``reset-breaker``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gpuwarden import config
+from gpuwarden.errors import ExitCode, UsageError
+
+JOURNAL_NAME = "journal.db"
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser, duration: Any) -> None:
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run the daemon: watch, decide, act, record",
+        description="Take a snapshot every tick, evaluate the playbooks, run the ladder's steps "
+        "and record everything in the journal. Stops cleanly on SIGINT/SIGTERM, and by itself "
+        "when a replayed scenario ends.",
+    )
+    run.add_argument("--source", metavar="SOURCE",
+                     help="nvml, scenario:FILE[@TIME] or smi-csv:FILE (default: the config's)")
+    run.add_argument("--playbooks", action="append", metavar="PATH",
+                     help="playbook file or directory (repeatable; default: the config's)")
+    run.add_argument("--state-dir", type=Path, metavar="DIR",
+                     help="where the journal lives (default: the config's state_dir)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="decide and record everything, act on nothing")
+    run.add_argument("--once", action="store_true", help="take one tick and stop")
+    run.add_argument("--speed", type=float, metavar="N",
+                     help="replay a scenario N times faster than real time (processes still get "
+                     "real time to react)")
+
+    incidents = sub.add_parser("incidents", parents=[common], help="list incidents",
+                               description="List incidents from the journal, newest first.")
+    incidents.add_argument("--state-dir", type=Path, metavar="DIR")
+    incidents.add_argument("--json", action="store_true")
+    incidents.add_argument("--since", type=duration, metavar="D",
+                           help="only incidents opened in the last D (e.g. 24h)")
+    incidents.add_argument("--open", action="store_true", help="only open incidents")
+
+    incident = sub.add_parser("incident", parents=[common], help="one incident's timeline",
+                              description="Everything recorded for one incident: what ran, on "
+                              "whom, why, what was skipped and why. ID may be `last`.")
+    incident.add_argument("id", metavar="ID")
+    incident.add_argument("--state-dir", type=Path, metavar="DIR")
+    incident.add_argument("--json", action="store_true")
+
+    reset = sub.add_parser("reset-breaker", parents=[common],
+                           help="let destructive steps run again after the breaker tripped",
+                           description="Reset the circuit breaker recorded in the journal.")
+    reset.add_argument("--state-dir", type=Path, metavar="DIR")
+
+
+def _state_dir(args: argparse.Namespace, cfg: config.Config) -> Path:
+    return Path(args.state_dir) if getattr(args, "state_dir", None) else cfg.state_dir
+
+
+def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[str]) -> int:
+    from gpuwarden.clock import Clock, ScaledClock, SystemClock
+    from gpuwarden.journal import Journal
+    from gpuwarden.playbook import loader
+    from gpuwarden.runtime import Runtime
+    from gpuwarden.sources.select import open_source, parse_spec
+
+    logging.getLogger("gpuwarden").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    playbooks = loader.load(playbook_paths, cfg)
+    spec = parse_spec(args.source or cfg.source)
+    if args.speed is not None and (args.speed <= 0 or not spec.replay):
+        raise UsageError("--speed needs a positive number and a replayed source",
+                         "for example --source scenario:FILE --speed 20")
+    journal = Journal(_state_dir(args, cfg) / JOURNAL_NAME)
+    source = open_source(spec, cfg)
+    clock: Clock = SystemClock()
+    if spec.replay:
+        clock = ScaledClock(args.speed or 1.0)
+        source.start_time = clock.now() - (spec.at or 0.0)  # type: ignore[attr-defined]
+    power = None
+    if spec.scheme == "nvml":
+        from gpuwarden.actions.nvml_power import NvmlPower
+
+        power = NvmlPower()
+    runtime = Runtime(cfg, source, playbooks, journal, clock=clock,
+                      dry_run=args.dry_run, power=power, self_pid=os.getpid(),
+                      host=cfg.host or socket.gethostname())
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("gpuwarden.run").info("received %s: stopping",
+                                                signal.Signals(signum).name)
+        runtime.stop()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    mode = "DRY-RUN" if runtime.dry_run else "enforcing"
+    print(f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}, "
+          f"journal {journal.path})", file=sys.stderr)
+    try:
+        stats = runtime.run(once=args.once)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        journal.close()
+    print(f"gpuwarden: stopped after {stats.ticks} tick(s): {len(stats.incidents)} "
+          f"incident(s), {stats.intents} step(s) ({stats.failed} not ok, {stats.refused} "
+          f"refused), {stats.undone} undo(s)", file=sys.stderr)
+    return ExitCode.OK
+
+
+def _readonly(args: argparse.Namespace, cfg: config.Config) -> Any:
+    from gpuwarden.journal import Journal
+
+    return Journal.open_readonly(_state_dir(args, cfg) / JOURNAL_NAME)
+
+
+def cmd_incidents(args: argparse.Namespace, cfg: config.Config) -> int:
+    from gpuwarden import journal_view
+
+    journal = _readonly(args, cfg)
+    try:
+        since = None if args.since is None else time.time() - args.since
+        rows = journal.incidents(since=since, open_only=args.open)
+    finally:
+        journal.close()
+    if args.json:
+        print(json.dumps(journal_view.incidents_json(rows), indent=2))
+    else:
+        print(journal_view.render_incidents(rows, time.time()))
+    return ExitCode.OK
+
+
+def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
+    from gpuwarden import journal_view
+
+    journal = _readonly(args, cfg)
+    try:
+        incident_id = args.id
+        if incident_id == "last":
+            rows = journal.incidents()
+            if not rows:
+                raise UsageError("the journal has no incidents yet")
+            incident_id = max(rows, key=lambda r: r.opened_at).id
+        found = [r for r in journal.incidents() if r.id == incident_id]
+        if not found:
+            raise UsageError(f"no incident {incident_id!r} in the journal",
+                             "list them with `gpuwarden incidents`")
+        timeline = journal.timeline(incident_id)
+    finally:
+        journal.close()
+    if args.json:
+        print(json.dumps(journal_view.timeline_json(found[0], timeline), indent=2))
+    else:
+        print(journal_view.render_timeline(found[0], timeline))
+    return ExitCode.OK
+
+
+def cmd_reset_breaker(args: argparse.Namespace, cfg: config.Config) -> int:
+    from gpuwarden.journal import Journal
+
+    journal = Journal(_state_dir(args, cfg) / JOURNAL_NAME)
+    try:
+        state = journal.breaker()
+        if state is None:
+            print("the circuit breaker is not tripped")
+            return ExitCode.OK
+        journal.reset_breaker(time.time())
+    finally:
+        journal.close()
+    print("circuit breaker reset: destructive steps may run again")
+    return ExitCode.OK
+

@@ -1,0 +1,265 @@
+"""The run loop: source → engine → executors → journal, one tick at a time.
+
+Only the main thread touches the engine and the journal. Executors run in worker threads (a
+slow checkpoint wait never delays the next tick) and hand their outcomes back through a queue
+that each tick drains. Every intent is journaled before it is handed to an executor and its
+outcome after, so a daemon killed mid-ladder and restarted repeats no step (``recover``), and
+whatever a step changed that must be put back (a suspended job, a nice value, a power limit) is
+an undo row that survives the restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwarden.actions import registry
+from gpuwarden.actions.base import Context, PowerControl
+from gpuwarden.clock import Clock, SystemClock
+from gpuwarden.config import Config
+from gpuwarden.engine.engine import Engine, Tick
+from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Transition, Undo
+from gpuwarden.playbook.loader import PlaybookSet
+from gpuwarden.safety import Rails
+from gpuwarden.sources import Source
+
+log = logging.getLogger("gpuwarden.run")
+
+
+@dataclass
+class RunStats:
+    ticks: int = 0
+    intents: int = 0
+    refused: int = 0
+    failed: int = 0
+    undone: int = 0
+    incidents: set[str] = field(default_factory=set)
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: Config,
+        source: Source,
+        playbooks: PlaybookSet,
+        journal: Any,
+        *,
+        clock: Clock | None = None,
+        dry_run: bool = False,
+        power: PowerControl | None = None,
+        self_pid: int | None = None,
+        host: str = "",
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.journal = journal
+        self.clock = clock or SystemClock()
+        self.dry_run = dry_run or config.dry_run
+        self.power = power
+        self.host = host
+        self.engine = Engine(playbooks, config, self_pid=self_pid)
+        self.rails = Rails(config.safety, journal)
+        self.pool = ThreadPoolExecutor(config.safety.workers,
+                                       thread_name_prefix="gpuwarden-step")
+        self.stopping = threading.Event()
+        self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
+        self.stats = RunStats()
+        self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
+        self._running: dict[str, Future[None]] = {}
+        self._source_lock = threading.Lock()
+
+    # -- start ------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Pick up where a previous run stopped: never repeat a step, never forget an undo."""
+        now = self.clock.now()
+        for row in self.journal.interrupted():
+            log.warning("step %s was in flight when gpuwarden stopped; it is not repeated",
+                        row.id)
+            self.journal.mark_interrupted(row.id, now)
+        open_ids: set[str] = set()
+        for inc in self.journal.open_incidents():
+            restored = self.engine.restore(
+                rule=inc.rule, scope=inc.scope, label=inc.label, incident=inc.id,
+                opened=inc.opened_at, gpu=inc.gpu, planned_steps=inc.planned_steps,
+                targeted=inc.targeted)
+            if restored:
+                open_ids.add(inc.id)
+                log.info("resumed incident %s (%s, %d step(s) already run)", inc.id, inc.rule,
+                         len(inc.planned_steps))
+            else:
+                change = RuleChange(Transition.RESOLVED, inc.rule, inc.scope, now,
+                                    Reason.RULE_REMOVED, inc.id, where=inc.label)
+                self.journal.record(change, now)
+        for undo in self.journal.pending_undos():
+            if undo.incident not in open_ids:
+                self._undo(undo)
+
+    # -- one tick ---------------------------------------------------------------------------
+
+    def tick(self) -> Tick:
+        now = self.clock.now()
+        self._drain()
+        with self._source_lock:
+            snapshot = self.source.snapshot(now)
+        result = self.engine.step(snapshot, now)
+        self.stats.ticks += 1
+        for record in result.records:
+            self.journal.record(record, now)
+            if isinstance(record, Intent):
+                self._dispatch(record, now)
+            elif record.kind == Transition.RESOLVED and record.incident:
+                self._undo_incident(record.incident)
+            elif record.kind == Transition.FIRING and record.incident:
+                self.stats.incidents.add(record.incident)
+                log.warning("incident %s: rule %s fired for %s", record.incident, record.rule,
+                            record.where)
+        return result
+
+    def _dispatch(self, intent: Intent, now: float) -> None:
+        self.stats.intents += 1
+        refused = self.rails.refuse(intent, now)
+        if refused is not None:
+            self.stats.refused += 1
+            log.warning("action=%s rule=%s incident=%s refused: %s", intent.kind, intent.rule,
+                        intent.incident, refused)
+            self._finish(intent, Outcome(ok=False, detail=f"refused: {refused}"))
+            return
+        tripped = self.rails.record(intent, now)
+        if tripped is not None:
+            log.error("circuit breaker tripped: %s; destructive steps halt until "
+                      "`gpuwarden reset-breaker`", tripped)
+        ctx = Context(dry_run=self.dry_run or intent.shadow, clock=self.clock, host=self.host,
+                      cancel=self.cancel, power=self.power, facts=self._facts(intent),
+                      still_needed=self._still_needed(intent) if intent.kind == "kill" else None)
+        self._running[intent.id] = self.pool.submit(self._execute, intent, ctx)
+
+    def _execute(self, intent: Intent, ctx: Context) -> None:
+        try:
+            outcome = registry.executor(intent.kind)(intent, ctx)
+        except Exception as exc:  # an executor bug must not take the daemon down
+            log.exception("executor %s failed", intent.kind)
+            outcome = Outcome(ok=False, detail=f"executor failed: {type(exc).__name__}: {exc}",
+                              dry_run=ctx.dry_run)
+        self._done.put((intent, outcome))
+
+    def _still_needed(self, intent: Intent) -> Any:
+        def check() -> bool:
+            now = self.clock.now()
+            with self._source_lock:
+                snapshot = self.source.snapshot(now)
+            return self.engine.still_needed(intent, snapshot, now)
+
+        return check
+
+    def _facts(self, intent: Intent) -> dict[str, str]:
+        facts = {
+            "GPUWARDEN_INCIDENT": intent.incident,
+            "GPUWARDEN_RULE": intent.rule,
+            "GPUWARDEN_SEVERITY": intent.severity,
+            "GPUWARDEN_HOST": self.host,
+            "GPUWARDEN_SCOPE": intent.where,
+            "GPUWARDEN_DRY_RUN": "1" if self.dry_run or intent.shadow else "0",
+        }
+        if intent.gpu is not None:
+            facts["GPUWARDEN_GPU"] = str(intent.gpu)
+        if intent.targets:
+            facts["GPUWARDEN_TARGET_PIDS"] = " ".join(str(t.pid) for t in intent.targets)
+        return facts
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                intent, outcome = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._running.pop(intent.id, None)
+            self._finish(intent, outcome)
+
+    def _finish(self, intent: Intent, outcome: Outcome) -> None:
+        if not outcome.ok:
+            self.stats.failed += 1
+        self.journal.finish(intent.id, outcome, self.clock.now())
+        self.engine.complete(intent.id, outcome)
+
+    # -- putting things back ----------------------------------------------------------------
+
+    def _undo_incident(self, incident: str) -> None:
+        for undo in self.journal.pending_undos(incident):
+            self._undo(undo)
+
+    def _undo(self, row: Any) -> None:
+        undo = Undo(kind=row.kind, pid=row.pid, create_time=row.create_time, gpu=row.gpu,
+                    value=row.value, ionice=row.ionice)
+        ctx = Context(dry_run=self.dry_run, clock=self.clock, host=self.host,
+                      cancel=threading.Event(), power=self.power)
+        try:
+            result = registry.undoer(undo.kind)(undo, ctx)
+        except Exception:
+            log.exception("undo %s failed", undo.kind)
+            return
+        log.info("undo=%s pid=%s gpu=%s result=%s", undo.kind, undo.pid, undo.gpu,
+                 result.state)
+        self.stats.undone += 1
+        self.journal.undo_done(row.id, self.clock.now())
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, *, once: bool = False) -> RunStats:
+        """Tick until stopped, or until a replayed scenario ends; then shut down cleanly."""
+        self.recover()
+        end = None
+        duration = getattr(self.source, "duration", None)
+        start = getattr(self.source, "start_time", None)
+        if duration is not None and start is not None:
+            end = start + duration
+        try:
+            while not self.stopping.is_set():
+                began = self.clock.monotonic()
+                self.tick()
+                if once or (end is not None and self.clock.now() >= end):
+                    break
+                remaining = self.config.tick - (self.clock.monotonic() - began)
+                self._sleep(remaining)
+            self._settle()
+        finally:
+            self.shutdown()
+        return self.stats
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if isinstance(self.clock, SystemClock):
+            self.stopping.wait(seconds)  # a stop signal wakes us at once
+        else:
+            self.clock.sleep(seconds)
+
+    def _settle(self) -> None:
+        """Let steps that are still running finish, within the shutdown grace."""
+        if self._running:
+            wait(list(self._running.values()), timeout=self.config.safety.shutdown_grace)
+        self._drain()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+        self.cancel.set()
+        if self._running:
+            done, pending = wait(list(self._running.values()),
+                                 timeout=self.config.safety.shutdown_grace)
+            for future in pending:
+                log.error("a step was still running at shutdown; its outcome is not recorded")
+                future.cancel()
+        self._drain()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.config.safety.restore_on_exit:
+            for row in self.journal.pending_undos():
+                self._undo(row)
+        with self._source_lock:
+            self.source.close()
