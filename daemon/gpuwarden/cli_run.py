@@ -110,6 +110,8 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         journal.close()
+        if power is not None:
+            power.close()
     print(f"gpuwarden: stopped after {stats.ticks} tick(s): {len(stats.incidents)} "
           f"incident(s), {stats.intents} step(s) ({stats.failed} not ok, {stats.refused} "
           f"refused), {stats.undone} undo(s)", file=sys.stderr)
