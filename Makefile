@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-test
 DEMO_SCENARIO ?= scenarios/memory-pressure-low-priority.yaml
+DEMO_STATE    := $(VENV)/demo-state
 
 .PHONY: demo test lint bench golden gpu-check clean
 
@@ -15,10 +16,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The demo: the machine as status shows it, the drill of the memory-pressure ladder, then the
+# daemon for real on the same scenario — its jobs are real processes: the checkpointable one is
+# signalled and acknowledges, the low-priority one is killed — and the incident's timeline.
 demo: $(STAMP)
 	$(BIN)/gpuwarden status --source scenario:$(DEMO_SCENARIO)@2m30s
-	$(BIN)/gpuwarden status --source scenario:scenarios/xid79-one-of-eight.yaml@5m
-	$(BIN)/gpuwarden status --source smi-csv:scenarios/nvidia-smi-oom-night.csv
+	$(BIN)/gpuwarden drill $(DEMO_SCENARIO) --config config/demo.yaml --playbooks playbooks/memory-pressure.yaml
+	rm -rf $(DEMO_STATE)
+	$(BIN)/gpuwarden run --config config/demo.yaml --source scenario:$(DEMO_SCENARIO) --playbooks playbooks/memory-pressure.yaml --state-dir $(DEMO_STATE) --speed 30
+	$(BIN)/gpuwarden incident last --state-dir $(DEMO_STATE)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -30,8 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check daemon tests bench
 	$(BIN)/mypy
 
+# Engine, drill and telemetry benchmarks (a few minutes); BENCH=engine runs one group.
+# The figures and how to read them: docs/performance.md.
 bench: $(STAMP)
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH)
 
 # Rewrite the golden drill timelines after an intended behaviour change; review the diff.
 golden: $(STAMP)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuwarden import __version__, config
+from gpuwarden import __version__, cli_run, config
 from gpuwarden.clock import Clock, SimClock, SystemClock
 from gpuwarden.errors import ExitCode, GpuwardenError, InputError, UsageError
 from gpuwarden.model import Snapshot
@@ -139,6 +139,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="D",
         help="simulated time between snapshots (default: the config's tick)",
     )
+
+    cli_run.add_commands(sub, common, _duration)
 
     sub.add_parser(
         "schema",
@@ -321,12 +323,33 @@ class _opened:
         self.source.close()
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _load_config(args.config)
+    return cli_run.cmd_run(args, cfg, _playbook_paths(args.playbooks, cfg))
+
+
+def cmd_incidents(args: argparse.Namespace) -> int:
+    return cli_run.cmd_incidents(args, _load_config(args.config))
+
+
+def cmd_incident(args: argparse.Namespace) -> int:
+    return cli_run.cmd_incident(args, _load_config(args.config))
+
+
+def cmd_reset_breaker(args: argparse.Namespace) -> int:
+    return cli_run.cmd_reset_breaker(args, _load_config(args.config))
+
+
 COMMANDS = {
     "status": cmd_status,
     "record": cmd_record,
     "check": cmd_check,
     "drill": cmd_drill,
     "schema": cmd_schema,
+    "run": cmd_run,
+    "incidents": cmd_incidents,
+    "incident": cmd_incident,
+    "reset-breaker": cmd_reset_breaker,
 }
 
 

@@ -29,37 +29,65 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, duration: Any) -> No
         "and record everything in the journal. Stops cleanly on SIGINT/SIGTERM, and by itself "
         "when a replayed scenario ends.",
     )
-    run.add_argument("--source", metavar="SOURCE",
-                     help="nvml, scenario:FILE[@TIME] or smi-csv:FILE (default: the config's)")
-    run.add_argument("--playbooks", action="append", metavar="PATH",
-                     help="playbook file or directory (repeatable; default: the config's)")
-    run.add_argument("--state-dir", type=Path, metavar="DIR",
-                     help="where the journal lives (default: the config's state_dir)")
-    run.add_argument("--dry-run", action="store_true",
-                     help="decide and record everything, act on nothing")
+    run.add_argument(
+        "--source",
+        metavar="SOURCE",
+        help="nvml, scenario:FILE[@TIME] or smi-csv:FILE (default: the config's)",
+    )
+    run.add_argument(
+        "--playbooks",
+        action="append",
+        metavar="PATH",
+        help="playbook file or directory (repeatable; default: the config's)",
+    )
+    run.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the journal lives (default: the config's state_dir)",
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="decide and record everything, act on nothing"
+    )
     run.add_argument("--once", action="store_true", help="take one tick and stop")
-    run.add_argument("--speed", type=float, metavar="N",
-                     help="replay a scenario N times faster than real time (processes still get "
-                     "real time to react)")
+    run.add_argument(
+        "--speed",
+        type=float,
+        metavar="N",
+        help="replay a scenario N times faster than real time (processes still get "
+        "real time to react)",
+    )
 
-    incidents = sub.add_parser("incidents", parents=[common], help="list incidents",
-                               description="List incidents from the journal, newest first.")
+    incidents = sub.add_parser(
+        "incidents",
+        parents=[common],
+        help="list incidents",
+        description="List incidents from the journal, newest first.",
+    )
     incidents.add_argument("--state-dir", type=Path, metavar="DIR")
     incidents.add_argument("--json", action="store_true")
-    incidents.add_argument("--since", type=duration, metavar="D",
-                           help="only incidents opened in the last D (e.g. 24h)")
+    incidents.add_argument(
+        "--since", type=duration, metavar="D", help="only incidents opened in the last D (e.g. 24h)"
+    )
     incidents.add_argument("--open", action="store_true", help="only open incidents")
 
-    incident = sub.add_parser("incident", parents=[common], help="one incident's timeline",
-                              description="Everything recorded for one incident: what ran, on "
-                              "whom, why, what was skipped and why. ID may be `last`.")
+    incident = sub.add_parser(
+        "incident",
+        parents=[common],
+        help="one incident's timeline",
+        description="Everything recorded for one incident: what ran, on "
+        "whom, why, what was skipped and why. ID may be `last`.",
+    )
     incident.add_argument("id", metavar="ID")
     incident.add_argument("--state-dir", type=Path, metavar="DIR")
     incident.add_argument("--json", action="store_true")
 
-    reset = sub.add_parser("reset-breaker", parents=[common],
-                           help="let destructive steps run again after the breaker tripped",
-                           description="Reset the circuit breaker recorded in the journal.")
+    reset = sub.add_parser(
+        "reset-breaker",
+        parents=[common],
+        help="let destructive steps run again after the breaker tripped",
+        description="Reset the circuit breaker recorded in the journal.",
+    )
     reset.add_argument("--state-dir", type=Path, metavar="DIR")
 
 
@@ -78,8 +106,10 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
     playbooks = loader.load(playbook_paths, cfg)
     spec = parse_spec(args.source or cfg.source)
     if args.speed is not None and (args.speed <= 0 or not spec.replay):
-        raise UsageError("--speed needs a positive number and a replayed source",
-                         "for example --source scenario:FILE --speed 20")
+        raise UsageError(
+            "--speed needs a positive number and a replayed source",
+            "for example --source scenario:FILE --speed 20",
+        )
     journal = Journal(_state_dir(args, cfg) / JOURNAL_NAME)
     source = open_source(spec, cfg)
     clock: Clock = SystemClock()
@@ -91,19 +121,31 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         from gpuwarden.actions.nvml_power import NvmlPower
 
         power = NvmlPower()
-    runtime = Runtime(cfg, source, playbooks, journal, clock=clock,
-                      dry_run=args.dry_run, power=power, self_pid=os.getpid(),
-                      host=cfg.host or socket.gethostname())
+    runtime = Runtime(
+        cfg,
+        source,
+        playbooks,
+        journal,
+        clock=clock,
+        dry_run=args.dry_run,
+        power=power,
+        self_pid=os.getpid(),
+        host=cfg.host or socket.gethostname(),
+    )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger("gpuwarden.run").info("received %s: stopping",
-                                                signal.Signals(signum).name)
+        logging.getLogger("gpuwarden.run").info(
+            "received %s: stopping", signal.Signals(signum).name
+        )
         runtime.stop()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     mode = "DRY-RUN" if runtime.dry_run else "enforcing"
-    print(f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}, "
-          f"journal {journal.path})", file=sys.stderr)
+    print(
+        f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}, "
+        f"journal {journal.path})",
+        file=sys.stderr,
+    )
     try:
         stats = runtime.run(once=args.once)
     finally:
@@ -112,9 +154,12 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         journal.close()
         if power is not None:
             power.close()
-    print(f"gpuwarden: stopped after {stats.ticks} tick(s): {len(stats.incidents)} "
-          f"incident(s), {stats.intents} step(s) ({stats.failed} not ok, {stats.refused} "
-          f"refused), {stats.undone} undo(s)", file=sys.stderr)
+    print(
+        f"gpuwarden: stopped after {stats.ticks} tick(s): {len(stats.incidents)} "
+        f"incident(s), {stats.intents} step(s) ({stats.failed} not ok, {stats.refused} "
+        f"refused), {stats.undone} undo(s)",
+        file=sys.stderr,
+    )
     return ExitCode.OK
 
 
@@ -134,7 +179,7 @@ def cmd_incidents(args: argparse.Namespace, cfg: config.Config) -> int:
     finally:
         journal.close()
     if args.json:
-        print(json.dumps(journal_view.incidents_json(rows), indent=2))
+        print(json.dumps({"version": 1, "incidents": journal_view.incidents_json(rows)}, indent=2))
     else:
         print(journal_view.render_incidents(rows, time.time()))
     return ExitCode.OK
@@ -145,23 +190,20 @@ def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
 
     journal = _readonly(args, cfg)
     try:
-        incident_id = args.id
-        if incident_id == "last":
+        if args.id == "last":
             rows = journal.incidents()
             if not rows:
                 raise UsageError("the journal has no incidents yet")
-            incident_id = max(rows, key=lambda r: r.opened_at).id
-        found = [r for r in journal.incidents() if r.id == incident_id]
-        if not found:
-            raise UsageError(f"no incident {incident_id!r} in the journal",
-                             "list them with `gpuwarden incidents`")
-        timeline = journal.timeline(incident_id)
+            incident = max(rows, key=lambda r: r.opened_at)
+        else:
+            incident = journal.find_incident(args.id)  # an id or a unique prefix of one
+        timeline = journal.timeline(incident.id)
     finally:
         journal.close()
     if args.json:
-        print(json.dumps(journal_view.timeline_json(found[0], timeline), indent=2))
+        print(json.dumps(journal_view.timeline_json(incident, timeline), indent=2))
     else:
-        print(journal_view.render_timeline(found[0], timeline))
+        print(journal_view.render_timeline(incident, timeline, time.time()))
     return ExitCode.OK
 
 
@@ -179,4 +221,3 @@ def cmd_reset_breaker(args: argparse.Namespace, cfg: config.Config) -> int:
         journal.close()
     print("circuit breaker reset: destructive steps may run again")
     return ExitCode.OK
-

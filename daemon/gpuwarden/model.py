@@ -321,7 +321,11 @@ class TargetResult:
     ``timed_out``, ``killed``, ``terminated``, ``suspended``, ``resumed``, ``reniced``,
     ``gone`` (exited before we acted), ``reused`` (the PID now belongs to another process),
     ``owner_changed``, ``denied``, ``not_needed`` (enough was freed already), ``would``
-    (dry-run: what would have been done).
+    (dry-run: what would have been done), ``already`` (nothing to do: already stopped or as
+    nice as asked), ``unconfirmed`` (the effect did not show in time), ``survived`` (alive
+    after SIGKILL), ``not_rechecked``, ``cancelled``, ``invalid_signal``, ``unverifiable`` (no
+    start time to check identity), ``refused`` (gpuwarden itself, PID 1), ``error``,
+    ``restored`` (an undo).
     """
 
     pid: int

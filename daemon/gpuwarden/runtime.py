@@ -28,6 +28,8 @@ from gpuwarden.safety import Rails
 from gpuwarden.sources import Source
 
 log = logging.getLogger("gpuwarden.run")
+# Undo results worth trying again later (anything else — done, gone, reused — is final).
+RETRY_UNDO = frozenset({"denied", "error"})
 
 
 @dataclass
@@ -63,8 +65,7 @@ class Runtime:
         self.host = host
         self.engine = Engine(playbooks, config, self_pid=self_pid)
         self.rails = Rails(config.safety, journal)
-        self.pool = ThreadPoolExecutor(config.safety.workers,
-                                       thread_name_prefix="gpuwarden-step")
+        self.pool = ThreadPoolExecutor(config.safety.workers, thread_name_prefix="gpuwarden-step")
         self.stopping = threading.Event()
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self.stats = RunStats()
@@ -78,22 +79,44 @@ class Runtime:
         """Pick up where a previous run stopped: never repeat a step, never forget an undo."""
         now = self.clock.now()
         for row in self.journal.interrupted():
-            log.warning("step %s was in flight when gpuwarden stopped; it is not repeated",
-                        row.id)
+            log.warning("step %s was in flight when gpuwarden stopped; it is not repeated", row.id)
             self.journal.mark_interrupted(row.id, now)
+            if row.kind == "suspend":  # it may have stopped jobs before writing their undo
+                for target in row.targets:
+                    self._run_undo(
+                        Undo(kind="resume", pid=target.pid, create_time=target.create_time)
+                    )
         open_ids: set[str] = set()
-        for inc in self.journal.open_incidents():
+        for found in self.journal.open_incidents():
+            inc = found.incident
             restored = self.engine.restore(
-                rule=inc.rule, scope=inc.scope, label=inc.label, incident=inc.id,
-                opened=inc.opened_at, gpu=inc.gpu, planned_steps=inc.planned_steps,
-                targeted=inc.targeted)
+                rule=inc.rule,
+                scope=inc.scope,
+                label=inc.label,
+                incident=inc.id,
+                opened=inc.opened_at,
+                gpu=inc.gpu,
+                planned_steps=found.steps.keys(),
+                targeted=found.targeted,
+            )
             if restored:
                 open_ids.add(inc.id)
-                log.info("resumed incident %s (%s, %d step(s) already run)", inc.id, inc.rule,
-                         len(inc.planned_steps))
+                log.info(
+                    "resumed incident %s (%s, %d step(s) already run)",
+                    inc.id,
+                    inc.rule,
+                    len(found.steps),
+                )
             else:
-                change = RuleChange(Transition.RESOLVED, inc.rule, inc.scope, now,
-                                    Reason.RULE_REMOVED, inc.id, where=inc.label)
+                change = RuleChange(
+                    Transition.RESOLVED,
+                    inc.rule,
+                    inc.scope,
+                    now,
+                    Reason.RULE_REMOVED,
+                    inc.id,
+                    where=inc.label,
+                )
                 self.journal.record(change, now)
         for undo in self.journal.pending_undos():
             if undo.incident not in open_ids:
@@ -108,16 +131,19 @@ class Runtime:
             snapshot = self.source.snapshot(now)
         result = self.engine.step(snapshot, now)
         self.stats.ticks += 1
-        for record in result.records:
-            self.journal.record(record, now)
+        # Written before anything is acted on; an intent the journal already holds (a step a
+        # previous run planned) comes back refused and is never run twice.
+        written = self.journal.record_all(result.records, now, self.engine.incidents)
+        for record in written:
             if isinstance(record, Intent):
                 self._dispatch(record, now)
             elif record.kind == Transition.RESOLVED and record.incident:
                 self._undo_incident(record.incident)
             elif record.kind == Transition.FIRING and record.incident:
                 self.stats.incidents.add(record.incident)
-                log.warning("incident %s: rule %s fired for %s", record.incident, record.rule,
-                            record.where)
+                log.warning(
+                    "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
+                )
         return result
 
     def _dispatch(self, intent: Intent, now: float) -> None:
@@ -125,17 +151,31 @@ class Runtime:
         refused = self.rails.refuse(intent, now)
         if refused is not None:
             self.stats.refused += 1
-            log.warning("action=%s rule=%s incident=%s refused: %s", intent.kind, intent.rule,
-                        intent.incident, refused)
+            log.warning(
+                "action=%s rule=%s incident=%s refused: %s",
+                intent.kind,
+                intent.rule,
+                intent.incident,
+                refused,
+            )
             self._finish(intent, Outcome(ok=False, detail=f"refused: {refused}"))
             return
         tripped = self.rails.record(intent, now)
         if tripped is not None:
-            log.error("circuit breaker tripped: %s; destructive steps halt until "
-                      "`gpuwarden reset-breaker`", tripped)
-        ctx = Context(dry_run=self.dry_run or intent.shadow, clock=self.clock, host=self.host,
-                      cancel=self.cancel, power=self.power, facts=self._facts(intent),
-                      still_needed=self._still_needed(intent) if intent.kind == "kill" else None)
+            log.error(
+                "circuit breaker tripped: %s; destructive steps halt until "
+                "`gpuwarden reset-breaker`",
+                tripped,
+            )
+        ctx = Context(
+            dry_run=self.dry_run or intent.shadow,
+            clock=self.clock,
+            host=self.host,
+            cancel=self.cancel,
+            power=self.power,
+            facts=self._facts(intent),
+            still_needed=self._still_needed(intent) if intent.kind == "kill" else None,
+        )
         self._running[intent.id] = self.pool.submit(self._execute, intent, ctx)
 
     def _execute(self, intent: Intent, ctx: Context) -> None:
@@ -143,8 +183,11 @@ class Runtime:
             outcome = registry.executor(intent.kind)(intent, ctx)
         except Exception as exc:  # an executor bug must not take the daemon down
             log.exception("executor %s failed", intent.kind)
-            outcome = Outcome(ok=False, detail=f"executor failed: {type(exc).__name__}: {exc}",
-                              dry_run=ctx.dry_run)
+            outcome = Outcome(
+                ok=False,
+                detail=f"executor failed: {type(exc).__name__}: {exc}",
+                dry_run=ctx.dry_run,
+            )
         self._done.put((intent, outcome))
 
     def _still_needed(self, intent: Intent) -> Any:
@@ -193,19 +236,27 @@ class Runtime:
             self._undo(undo)
 
     def _undo(self, row: Any) -> None:
-        undo = Undo(kind=row.kind, pid=row.pid, create_time=row.create_time, gpu=row.gpu,
-                    value=row.value, ionice=row.ionice)
-        ctx = Context(dry_run=self.dry_run, clock=self.clock, host=self.host,
-                      cancel=threading.Event(), power=self.power)
+        state = self._run_undo(row.undo())
+        if state is None or state in RETRY_UNDO:
+            return  # kept in the journal: tried again at the next resolve, stop or start
+        self.journal.undo_done(row.id, self.clock.now(), state)
+
+    def _run_undo(self, undo: Undo) -> str | None:
+        ctx = Context(
+            dry_run=self.dry_run,
+            clock=self.clock,
+            host=self.host,
+            cancel=threading.Event(),
+            power=self.power,
+        )
         try:
             result = registry.undoer(undo.kind)(undo, ctx)
         except Exception:
             log.exception("undo %s failed", undo.kind)
-            return
-        log.info("undo=%s pid=%s gpu=%s result=%s", undo.kind, undo.pid, undo.gpu,
-                 result.state)
+            return None
+        log.info("undo=%s pid=%s gpu=%s result=%s", undo.kind, undo.pid, undo.gpu, result.state)
         self.stats.undone += 1
-        self.journal.undo_done(row.id, self.clock.now())
+        return result.state
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -251,8 +302,9 @@ class Runtime:
         self.stopping.set()
         self.cancel.set()
         if self._running:
-            done, pending = wait(list(self._running.values()),
-                                 timeout=self.config.safety.shutdown_grace)
+            _done, pending = wait(
+                list(self._running.values()), timeout=self.config.safety.shutdown_grace
+            )
             for future in pending:
                 log.error("a step was still running at shutdown; its outcome is not recorded")
                 future.cancel()

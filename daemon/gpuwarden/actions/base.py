@@ -64,7 +64,9 @@ class Executor(Protocol):
 def safe(value: object, limit: int = 200) -> str:
     """A value for one log line: no newlines or control characters, bounded, quoted if needed."""
     text = "".join(ch if ch.isprintable() else "?" for ch in str(value))[:limit]
-    return f'"{text}"' if (" " in text or '"' in text or "=" in text or not text) else text
+    if " " in text or '"' in text or "=" in text or "\\" in text or not text:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
 
 
 def log_action(

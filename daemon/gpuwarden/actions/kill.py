@@ -1,0 +1,247 @@
+"""kill: end processes, politely first: SIGTERM (or the step's signal), ``grace`` seconds to exit,
+then SIGKILL, then verify the process is gone.
+
+Targets are taken in the planner's order. After each one that no longer runs, the executor
+waits ``settle`` seconds (a GPU driver frees memory some time after the process exits) and asks
+``ctx.still_needed()``, which re-reads the machine: once enough is free the remaining targets are
+left alone (``not_needed``): it never kills more than the situation needs.
+
+A stopped process (suspended by an earlier step) is sent SIGCONT right after its SIGTERM, as
+systemd does: otherwise the SIGTERM would wait, unhandled, until the SIGKILL.
+
+``process_group: true`` takes the target's whole process group (its workers and data loaders),
+but only when the target leads its group and the group is not gpuwarden's own: killing the group
+of a process that merely belongs to a shell's group would take the shell. Otherwise only the
+process itself is signalled, and the result says so. How the group is addressed, and the window
+that remains, is described in ``gpuwarden.actions.pin``.
+
+States: ``terminated`` (exited after the first signal), ``killed`` (needed SIGKILL), ``gone``
+(exited before anything was sent), ``survived`` (still there after SIGKILL, e.g. stuck in the
+driver), ``not_needed``, ``cancelled``, ``would`` (dry-run) and the pinning refusals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from gpuwarden import job
+from gpuwarden.actions.base import Context, log_action, summarise
+from gpuwarden.actions.pin import Gone, PinError, Pinned, pin, pin_pid
+from gpuwarden.model import Intent, Outcome, Target, TargetResult
+from gpuwarden.playbook.schema import KillParams
+
+POLL_S = 0.05
+CONFIRM_POLL_S = 0.01
+KILL_CONFIRM_S = 5.0  # SIGKILL is not instant for a process in uninterruptible sleep
+PROC = Path("/proc")
+ENDED = ("terminated", "killed", "gone")
+
+
+@dataclass
+class _Victim:
+    """A pinned target and, when its group is taken, the group id."""
+
+    pinned: Pinned
+    pgid: int | None
+
+    def running(self) -> bool:
+        if self.pinned.alive():
+            return True
+        return self.pgid is not None and bool(group_members(self.pgid))
+
+    def send(self, sig: int) -> None:
+        if self.pgid is None:
+            self.pinned.send(sig)
+            return
+        if self.pinned.alive():
+            try:
+                self.pinned.send_group(sig)
+                return
+            except Gone:
+                pass
+        # The leader has exited: each member left is pinned and signalled on its own.
+        for member in group_members(self.pgid):
+            try:
+                with pin_pid(member) as pinned:
+                    if os.getpgid(member) == self.pgid and not pinned.exited():
+                        pinned.send(sig)
+            except (PinError, OSError):
+                continue
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` fields after the command name: [state, ppid, pgrp, ...]."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    _, _, rest = text.rpartition(")")
+    fields = rest.split()
+    return fields if len(fields) >= 3 else None
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)  # cheap: no member at all (not even a zombie) ends the search here
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    members = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is None or fields[0] in ("Z", "X", "x"):
+            continue
+        if fields[2] == str(pgid):
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def _result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResult:
+    return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
+
+
+def _group_of(pinned: Pinned) -> tuple[int | None, str]:
+    """The group to take (or None) and a note on why not."""
+    if not pinned.is_group_leader():
+        return None, "not a process-group leader: the process alone"
+    if pinned.pid == os.getpgid(0):
+        return None, "its group is gpuwarden's own: the process alone"
+    return pinned.pid, ""
+
+
+def _wait_gone(victim: _Victim, ctx: Context, seconds: float) -> bool | None:
+    """True once the victim (and its group) has ended; False at the deadline; None if cancelled.
+    Polls on the context's clock so that tests may run it on a fast one."""
+    deadline = ctx.clock.monotonic() + seconds
+    while victim.running():
+        left = deadline - ctx.clock.monotonic()
+        if left <= 0:
+            return False
+        if not ctx.wait(min(POLL_S, left)):
+            return None if victim.running() else True
+    return True
+
+
+def _confirm_gone(victim: _Victim, ctx: Context) -> bool:
+    """Wait for the SIGKILL to take effect. Each round also blocks on the pidfd for a moment, so
+    the process really gets the time to die even on a simulated clock."""
+    deadline = ctx.clock.monotonic() + KILL_CONFIRM_S
+    while victim.running():
+        if ctx.clock.monotonic() >= deadline:
+            return False
+        victim.pinned.exited(block_s=CONFIRM_POLL_S)
+        ctx.clock.sleep(CONFIRM_POLL_S)
+    return True
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)
+
+
+def _kill(
+    target: Target, params: KillParams, sig: signal.Signals, ctx: Context, dry: bool
+) -> TargetResult:
+    with pin(target) as pinned:
+        pgid, note = _group_of(pinned) if params.process_group else (None, "")
+        victim = _Victim(pinned, pgid)
+        if dry:
+            scope = "process"
+            if pgid is not None:
+                scope = f"process group {pgid} ({len(group_members(pgid))} processes)"
+            plan = f"send {sig.name} to the {scope}"
+            if sig != signal.SIGKILL:
+                plan += f", SIGKILL after {params.grace:g}s"
+            return _result(target, True, "would", _joined(plan, note))
+        stopped = pinned.status() == psutil.STATUS_STOPPED
+        victim.send(sig)
+        if stopped and sig not in (signal.SIGKILL, signal.SIGCONT):
+            with contextlib.suppress(Gone):  # it handles its SIGTERM only once continued
+                victim.send(signal.SIGCONT)
+            note = _joined("it was stopped: continued so that it can exit", note)
+        if sig != signal.SIGKILL:
+            ended = _wait_gone(victim, ctx, params.grace)
+            if ended is None:
+                return _result(target, False, "cancelled", f"{sig.name} sent; stopped waiting")
+            if ended:
+                return _result(target, True, "terminated", _joined(f"exited on {sig.name}", note))
+            try:
+                victim.send(signal.SIGKILL)
+            except Gone:
+                return _result(target, True, "terminated", _joined(f"exited on {sig.name}", note))
+        if not _confirm_gone(victim, ctx):
+            return _result(
+                target, False, "survived", f"still running {KILL_CONFIRM_S:g}s after SIGKILL"
+            )
+        first = "" if sig == signal.SIGKILL else f"outlived {sig.name} by {params.grace:g}s, "
+        return _result(target, True, "killed", _joined(f"{first}SIGKILL", note))
+
+
+def _recheck(params: KillParams, ctx: Context) -> tuple[str, bool, str] | None:
+    """After a target ended: wait ``settle``, then ask whether more must go. Returns the state
+    for every remaining target, or None to go on."""
+    if ctx.still_needed is None:
+        return None
+    if not ctx.wait(params.settle):
+        return ("cancelled", False, "not acted on: the daemon is stopping")
+    try:
+        needed = ctx.still_needed()
+    except Exception as err:  # a failed re-read must not turn into more kills
+        return ("not_rechecked", False, f"could not re-read the machine: {err}")
+    if not needed:
+        return ("not_needed", True, "enough was freed by the targets before it")
+    return None
+
+
+def execute(intent: Intent, ctx: Context) -> Outcome:
+    """Kill the targets in order, re-checking after each whether more must go."""
+    dry = ctx.dry_run or intent.shadow
+    params = KillParams() if intent.params is None else intent.params
+    error = ""
+    if not isinstance(params, KillParams):
+        error = f"kill: parameters are {type(params).__name__}, not KillParams"
+    else:
+        try:
+            sig = job.signal_from_name(params.signal)
+        except (KeyError, ValueError):
+            error = f"kill: not a signal: {params.signal!r}"
+    if error or not isinstance(params, KillParams):
+        log_action(intent, ctx, error=error)
+        return Outcome(ok=False, detail=error, dry_run=dry)
+    results: list[TargetResult] = []
+    rest: tuple[str, bool, str] | None = None
+    last = len(intent.targets) - 1
+    for index, target in enumerate(intent.targets):
+        if rest is not None:
+            result = _result(target, rest[1], rest[0], rest[2])
+        else:
+            try:
+                result = _kill(target, params, sig, ctx, dry)
+            except PinError as err:
+                result = err.result(target)
+            except (OSError, psutil.Error) as err:
+                result = _result(target, False, "error", str(err))
+            if result.state == "cancelled" or ctx.cancel.is_set():
+                rest = ("cancelled", False, "not acted on: the daemon is stopping")
+            elif not dry and result.state in ENDED and index < last:
+                rest = _recheck(params, ctx)
+        results.append(result)
+        log_action(
+            intent,
+            ctx,
+            result,
+            signal=sig.name,
+            group=str(params.process_group).lower(),
+            user=target.user or "-",
+            cmd=target.command,
+        )
+    return summarise(results, dry_run=dry, what="kill")

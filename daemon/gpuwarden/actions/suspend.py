@@ -1,0 +1,94 @@
+"""suspend: stop a job with SIGSTOP, keeping its memory, so that it can be resumed later.
+
+SIGSTOP cannot be caught: the job is frozen where it stands. Its GPU memory stays allocated,
+so suspending relieves compute and host pressure, not GPU memory. Each stopped job gets an
+``Undo(kind="resume")`` (unless the step says ``resume_on_resolve: false``) that the run loop
+applies when the incident resolves and when the daemon shuts down.
+
+A process that was already stopped (someone pressed Ctrl-Z, a debugger holds it) is left alone
+and is not resumed later: gpuwarden only undoes what it did.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+
+import psutil
+
+from gpuwarden.actions.base import Context, log_action, summarise
+from gpuwarden.actions.pin import PinError, Pinned, pin
+from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
+from gpuwarden.playbook.schema import SuspendParams
+
+CONFIRM_S = 1.0  # how long a stop may take to show in /proc
+CONFIRM_POLL_S = 0.01
+
+
+def wait_for_status(pinned: Pinned, ctx: Context, stopped: bool) -> str | None:
+    """Poll until the process is (or is no longer) stopped, for at most ``CONFIRM_S``.
+    Returns the last status seen, ``None`` once the process has exited."""
+    deadline = ctx.clock.monotonic() + CONFIRM_S
+    while True:
+        status = pinned.status()
+        if status is None or (status == psutil.STATUS_STOPPED) == stopped:
+            return status
+        if ctx.clock.monotonic() >= deadline:
+            return status
+        ctx.clock.sleep(CONFIRM_POLL_S)
+
+
+def _result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResult:
+    return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
+
+
+def _suspend(
+    target: Target, params: SuspendParams, ctx: Context, dry: bool
+) -> tuple[TargetResult, Undo | None]:
+    with pin(target) as pinned:
+        if pinned.status() == psutil.STATUS_STOPPED:
+            return _result(
+                target, True, "already", "already stopped by someone else: left as it is"
+            ), None
+        if dry:
+            return _result(target, True, "would", "send SIGSTOP"), None
+        pinned.send(signal.SIGSTOP)
+        undo = (
+            Undo(kind="resume", pid=target.pid, create_time=pinned.create_time)
+            if params.resume_on_resolve
+            else None
+        )
+        status = wait_for_status(pinned, ctx, stopped=True)
+    if status is None:
+        return _result(target, False, "gone", "exited after SIGSTOP"), None
+    if status != psutil.STATUS_STOPPED:
+        detail = f"SIGSTOP sent but the process is {status} after {CONFIRM_S:g}s"
+        return _result(target, False, "unconfirmed", detail), undo
+    detail = "stopped" + ("; resumed when the incident resolves" if undo else "")
+    return _result(target, True, "suspended", detail), undo
+
+
+def execute(intent: Intent, ctx: Context) -> Outcome:
+    """SIGSTOP each target and verify it stopped; an Undo resumes it later."""
+    dry = ctx.dry_run or intent.shadow
+    params = SuspendParams() if intent.params is None else intent.params
+    if not isinstance(params, SuspendParams):
+        detail = f"suspend: parameters are {type(params).__name__}, not SuspendParams"
+        log_action(intent, ctx, error=detail)
+        return Outcome(ok=False, detail=detail, dry_run=dry)
+    results: list[TargetResult] = []
+    undos: list[Undo] = []
+    for target in intent.targets:
+        try:
+            result, undo = _suspend(target, params, ctx, dry)
+        except PinError as err:
+            result, undo = err.result(target), None
+        except (OSError, psutil.Error) as err:
+            result, undo = _result(target, False, "error", str(err)), None
+        results.append(result)
+        if undo is not None:
+            undos.append(undo)
+        log_action(
+            intent, ctx, result, signal="SIGSTOP", user=target.user or "-", cmd=target.command
+        )
+    return replace(summarise(results, dry_run=dry, what="suspend"), undo=tuple(undos))

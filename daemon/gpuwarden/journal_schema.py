@@ -1,0 +1,251 @@
+"""The journal's file format: its tables, how they migrate, and what may be written into them.
+
+Schema history lives in ``MIGRATIONS``, one entry per version; ``PRAGMA user_version`` says
+which version a file has, ``PRAGMA application_id`` that it is a gpuwarden journal at all.
+To change the schema, append a migration and never edit one that has shipped::
+
+    Migration(2, "incidents remember who acknowledged them",
+              ddl("ALTER TABLE incidents ADD COLUMN acked_by TEXT")),
+
+Opening a journal applies every migration above the file's version in one transaction; a file
+written by a newer gpuwarden is refused, never downgraded. Whatever goes wrong with the file
+(not a database, corrupt, locked, unwritable, disk full) becomes one ``JournalError`` that
+names the file and says what to do.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwarden.errors import GpuwardenError
+
+APPLICATION_ID = 0x67707764  # "gpwd": tells a gpuwarden journal from any other SQLite file
+
+
+class JournalError(GpuwardenError):
+    """The journal cannot be opened, read or written: what is wrong with which file, and what
+    to do. The daemon stops rather than act without a record (exit code FAILURE)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return self.message + (f"\n  hint: {self.hint}" if self.hint else "")
+
+
+# -- schema ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    summary: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+def ddl(*statements: str) -> Callable[[sqlite3.Connection], None]:
+    """A migration made of plain statements (run in order, inside the migration's transaction)."""
+
+    def apply(conn: sqlite3.Connection) -> None:
+        for statement in statements:
+            conn.execute(statement)
+
+    return apply
+
+
+_V1 = ddl(
+    """CREATE TABLE incidents (
+        id TEXT PRIMARY KEY,
+        rule TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        label TEXT NOT NULL,
+        severity TEXT,              -- NULL until known (from the engine's incident or a step)
+        shadow INTEGER,
+        gpu INTEGER,
+        pending_at REAL,
+        opened_at REAL NOT NULL,
+        resolved_at REAL,
+        resolve_reason TEXT,
+        acked_at REAL
+    )""",
+    "CREATE INDEX incidents_opened ON incidents (opened_at)",
+    "CREATE INDEX incidents_open ON incidents (resolved_at)",
+    """CREATE TABLE records (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        recorded_at REAL NOT NULL,
+        incident TEXT,              -- NULL for changes outside an incident (pending, cooldown)
+        rule TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        kind TEXT NOT NULL,         -- a Transition, or step | skip | outcome | finished | ...
+        reason TEXT NOT NULL,
+        step INTEGER,
+        intent TEXT,
+        data TEXT NOT NULL DEFAULT '{}'  -- JSON object
+    )""",
+    "CREATE INDEX records_incident ON records (incident, seq)",
+    "CREATE INDEX records_scope ON records (rule, scope, seq)",
+    "CREATE INDEX records_time ON records (time)",
+    """CREATE TABLE intents (
+        id TEXT PRIMARY KEY,
+        incident TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        step_index INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        label TEXT NOT NULL,
+        time REAL NOT NULL,
+        reason TEXT NOT NULL,
+        shadow INTEGER NOT NULL,
+        targets TEXT NOT NULL,      -- JSON list of targets
+        params TEXT,                -- JSON, redacted
+        status TEXT NOT NULL CHECK (status IN ('planned', 'done', 'failed', 'interrupted')),
+        run TEXT NOT NULL,          -- which opening of the journal planned it
+        outcome TEXT,               -- JSON
+        finished_at REAL
+    )""",
+    "CREATE INDEX intents_incident ON intents (incident, step_index)",
+    "CREATE INDEX intents_status ON intents (status)",
+    """CREATE TABLE undos (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        incident TEXT NOT NULL,
+        intent TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        pid INTEGER,
+        create_time REAL,
+        gpu INTEGER,
+        value,                      -- no type: a nice value stays an integer, watts a float
+        ionice TEXT,
+        created_at REAL NOT NULL,
+        done_at REAL,
+        result TEXT
+    )""",
+    "CREATE INDEX undos_pending ON undos (done_at, incident)",
+    """CREATE TABLE actions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        rule TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        pid INTEGER
+    )""",
+    "CREATE INDEX actions_time ON actions (time)",
+    """CREATE TABLE breaker (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        tripped_at REAL NOT NULL,
+        reason TEXT NOT NULL,
+        reset_at REAL
+    )""",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "incidents, records, intents, undos, actions, breaker", _V1),
+)
+
+
+def _pragma(conn: sqlite3.Connection, name: str) -> int:
+    row = conn.execute(f"PRAGMA {name}").fetchone()
+    return int(row[0])
+
+
+def newer_schema(path: Path, found: int, known: int) -> JournalError:
+    return JournalError(
+        f"{path} was written by a newer gpuwarden (journal schema version {found}; "
+        f"this gpuwarden knows up to {known})",
+        hint="upgrade gpuwarden on this host; the journal is left as it is",
+    )
+
+
+def not_a_journal(path: Path, why: str) -> JournalError:
+    return JournalError(
+        f"{path} is not a gpuwarden journal ({why}) — move it aside and restart",
+        hint=f"`mv {path} {path}.bad` keeps it for inspection; the daemon then starts a new, "
+        "empty journal",
+    )
+
+
+def check_identity(conn: sqlite3.Connection, path: Path) -> int:
+    """The file's schema version; 0 for a new, empty file. Raises for a foreign database."""
+    app = _pragma(conn, "application_id")
+    version = _pragma(conn, "user_version")
+    if app == APPLICATION_ID:
+        return version
+    tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if app == 0 and version == 0 and tables == 0:
+        return 0
+    raise not_a_journal(path, "a SQLite database of another program")
+
+
+def migrate(
+    conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration] = MIGRATIONS
+) -> int:
+    """Bring the file up to the newest version in ``migrations``; returns that version.
+
+    ``conn`` is in autocommit mode; everything happens in one IMMEDIATE transaction, so a
+    failed migration leaves the file as it was.
+    """
+    for number, migration in enumerate(migrations, start=1):
+        if migration.version != number:
+            raise ValueError(f"migration {migration.version} out of order (expected {number})")
+    known = len(migrations)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = check_identity(conn, path)
+        if current > known:
+            raise newer_schema(path, current, known)
+        for migration in migrations[current:]:
+            migration.apply(conn)
+            conn.execute(f"PRAGMA user_version = {migration.version:d}")
+        if current < known:
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID:d}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return known
+
+
+def corrupt(path: Path, why: str) -> JournalError:
+    return JournalError(
+        f"{path} is corrupt ({why}) — move it aside and restart",
+        hint=f"`sqlite3 {path} .recover` may save its records; the daemon then starts a new, "
+        "empty journal",
+    )
+
+
+def check_integrity(conn: sqlite3.Connection, path: Path) -> None:
+    """Find a damaged file when the daemon starts, not in the middle of an incident."""
+    problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check(3)")]
+    if problems != ["ok"]:
+        raise corrupt(path, "; ".join(problems))
+
+
+def failure(path: Path, exc: sqlite3.Error, doing: str, timeout: float) -> JournalError:
+    """What an SQLite error on ``path`` means for the person who has to fix it."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return JournalError(
+            f"{path} is locked by another process (waited {timeout:g}s to {doing} it)",
+            hint="is another gpuwarden running with the same state_dir? stop it, or give "
+            "each daemon its own state_dir",
+        )
+    if name.startswith("SQLITE_NOTADB"):
+        return not_a_journal(path, str(exc))
+    if name.startswith("SQLITE_CORRUPT"):
+        return corrupt(path, str(exc))
+    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY", "SQLITE_AUTH")):
+        return JournalError(
+            f"cannot {doing} the journal {path}: {exc}",
+            hint=f"check the permissions of {path} and {path.parent}; the views need read "
+            "access, the daemon write access",
+        )
+    if name.startswith("SQLITE_FULL"):
+        return JournalError(
+            f"cannot {doing} the journal {path}: the disk is full",
+            hint=f"free space on the file system of {path.parent}",
+        )
+    return JournalError(f"cannot {doing} the journal {path}: {exc} ({name or 'sqlite'})")
