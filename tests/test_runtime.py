@@ -1,0 +1,247 @@
+"""The run loop on real processes: the same steps as a drill, dry-run, restart, undo, rails."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden import config as config_mod
+from gpuwarden import drill
+from gpuwarden.clock import ScaledClock
+from gpuwarden.config import Config
+from gpuwarden.journal import Journal
+from gpuwarden.playbook import loader
+from gpuwarden.runtime import Runtime
+from gpuwarden.sources.procs import Attributor
+from gpuwarden.sources.scenario import ScenarioSource
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEED = 40.0
+
+
+def scenario_copy(tmp_path: Path, end: str = "4m30s", extra: str = "") -> Path:
+    text = (ROOT / "scenarios" / "memory-pressure-low-priority.yaml").read_text()
+    text = text[: text.index("  - at: 4m\n")]  # keep the squeeze, replace what follows
+    text += extra + f"  - at: {end}\n    end: true\n"
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def cfg() -> Config:
+    # The stand-ins run as whoever runs the tests (root in CI): do not protect root here.
+    return config_mod.load(ROOT / "config" / "demo.yaml")
+
+
+class Run:
+    """One daemon run over a scenario with real stand-in jobs."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        cfg: Config,
+        scenario: Path,
+        playbook: Path | str,
+        *,
+        at: float = 0.0,
+        dry_run: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.playbooks = loader.load([playbook], cfg)
+        self.source = ScenarioSource.open(
+            scenario,
+            priorities=cfg.priorities,
+            attributor=Attributor(cfg.priorities),
+            workdir=tmp_path / "jobs",
+        )
+        self.clock = ScaledClock(SPEED)
+        self.source.start_time = self.clock.now() - at
+        self.journal_path = tmp_path / "state" / "journal.db"
+        self.dry_run = dry_run
+
+    def runtime(self) -> Runtime:
+        return Runtime(
+            self.cfg,
+            self.source,
+            self.playbooks,
+            Journal(self.journal_path),
+            clock=self.clock,
+            dry_run=self.dry_run,
+            host="test-node",
+        )
+
+    def signals(self, job: str) -> list[str]:
+        return self.source.standins[job].signals()
+
+    def steps(self) -> list[tuple[str, tuple[str | None, ...]]]:
+        journal = Journal.open_readonly(self.journal_path)
+        try:
+            out = []
+            for incident in journal.incidents():
+                for row in journal.timeline(incident.id):
+                    if row.kind == "step":
+                        pids = [t["pid"] for t in row.data.get("targets", [])]
+                        out.append(
+                            (
+                                row.data.get("label") or row.data.get("kind", "?"),
+                                tuple(self.source.job_of(p) for p in pids),
+                            )
+                        )
+            return out
+        finally:
+            journal.close()
+
+
+def drill_steps(scenario: Path, cfg: Config, playbook: Path) -> list[tuple[str, tuple[Any, ...]]]:
+    playbooks = loader.load([playbook], cfg)
+    return [
+        (r["step"], tuple(t["job"] for t in r["targets"]))
+        for r in drill.run(scenario, cfg, playbooks)
+        if r["kind"] == "step"
+    ]
+
+
+def test_a_real_run_takes_the_same_steps_as_the_drill(tmp_path: Path, cfg: Config) -> None:
+    scenario = scenario_copy(tmp_path)
+    playbook = ROOT / "playbooks" / "memory-pressure.yaml"
+    run = Run(tmp_path, cfg, scenario, playbook, at=80.0)
+    stats = run.runtime().run()
+    assert (
+        run.steps()
+        == drill_steps(scenario, cfg, playbook)
+        == [("notify", ()), ("checkpoint", ("trainer",)), ("kill", ("sweep",))]
+    )
+    assert stats.failed == 0
+    assert "ack SIGUSR1" in run.signals("trainer")
+    assert run.signals("sweep")[-1] == "exit SIGTERM"
+    assert "signal SIGTERM" not in run.signals("trainer")
+
+
+def test_dry_run_plans_the_same_and_touches_nothing(tmp_path: Path, cfg: Config) -> None:
+    scenario = scenario_copy(tmp_path, end="4m20s")
+    playbook = ROOT / "playbooks" / "memory-pressure.yaml"
+    run = Run(tmp_path, cfg, scenario, playbook, at=80.0, dry_run=True)
+    runtime = run.runtime()
+    stats = runtime.run()
+    assert [s[0] for s in run.steps()] == ["notify", "checkpoint", "kill"]
+    assert run.steps()[2] == ("kill", ("sweep",))
+    for job in ("trainer", "sweep"):
+        assert [line for line in run.signals(job) if not line.startswith("ready")] == []
+    assert stats.failed == 0
+
+
+SQUEEZE = """
+rules:
+  - name: squeeze
+    for_each: gpu
+    when: gpu.memory.used_pct >= 95
+    for: 10s
+    until: gpu.memory.used_pct < 85
+    steps:
+      - suspend: {select: process.priority <= low}
+      - after: 1m
+        renice: {select: process.priority >= normal, nice: 10}
+"""
+# at 3m the sweep shrinks: GPU 0 falls below 85 % and the incident resolves
+RELIEF = """  - at: 3m
+    gpus:
+      0: {jobs: {trainer: {memory_mib: 52000, sm_pct: 85}, sweep: {memory_mib: 5000}}}
+"""
+
+
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def wait_until(predicate: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_restart_mid_ladder_repeats_nothing_and_resumes_the_job(
+    tmp_path: Path, cfg: Config
+) -> None:
+    playbook = tmp_path / "squeeze.yaml"
+    playbook.write_text(SQUEEZE)
+    scenario = scenario_copy(tmp_path, end="3m30s", extra=RELIEF)
+    run = Run(tmp_path, cfg, scenario, playbook, at=90.0)
+    sweep = run.source.standins["sweep"]
+    first = run.runtime()
+    first.recover()
+    # tick until the suspend has been carried out, then "die": no shutdown, no undo
+    wait_until(lambda: (first.tick(), state_of(sweep.pid) == "T")[1])
+    first.tick()  # its outcome is journaled
+    del first
+    second = run.runtime()
+    stats = second.run()
+    assert [s[0] for s in run.steps()] == ["suspend", "renice"]  # nothing repeated
+    assert run.steps()[0] == ("suspend", ("sweep",))
+    assert "signal SIGCONT" in sweep.signals()  # resumed when the incident resolved
+    assert stats.undone >= 1
+
+
+def test_shutdown_resumes_a_suspended_job(tmp_path: Path, cfg: Config) -> None:
+    playbook = tmp_path / "squeeze.yaml"
+    playbook.write_text(SQUEEZE)
+    scenario = scenario_copy(tmp_path, end="2m40s")  # ends while still squeezed
+    run = Run(tmp_path, cfg, scenario, playbook, at=90.0)
+    sweep = run.source.standins["sweep"]
+    states: list[str] = []
+    runtime = run.runtime()
+    close_source = run.source.close
+    original_shutdown = runtime.shutdown
+
+    def shutdown() -> None:
+        states.append(state_of(sweep.pid))  # the incident is still open here
+        original_shutdown()
+
+    def close() -> None:
+        states.append(state_of(sweep.pid))  # undos have run; the jobs still exist
+        close_source()
+
+    runtime.shutdown = shutdown  # type: ignore[method-assign]
+    run.source.close = close  # type: ignore[method-assign]
+    runtime.run()
+    assert states[0] == "T"  # suspended while the incident was open
+    assert states[1] != "T"  # resumed on the way out
+    assert "signal SIGCONT" in sweep.signals()
+
+
+def test_the_circuit_breaker_halts_destructive_steps(tmp_path: Path, cfg: Config) -> None:
+    tight = cfg.model_copy(
+        update={
+            "safety": cfg.safety.model_copy(
+                update={"breaker": config_mod.Limit(actions=1, window=600.0)}
+            )
+        }
+    )
+    playbook = tmp_path / "two-kills.yaml"
+    playbook.write_text("""
+rules:
+  - name: two-kills
+    for_each: gpu
+    when: gpu.memory.used_pct >= 50
+    for: 10s
+    steps:
+      - kill: {select: process.priority <= low, grace: 2s}
+      - kill: {select: process.priority >= high, grace: 2s}
+""")
+    scenario = scenario_copy(tmp_path, end="2m40s")
+    run = Run(tmp_path, tight, scenario, playbook, at=90.0)
+    stats = run.runtime().run()
+    assert stats.refused == 1
+    assert run.signals("sweep")[-1] == "exit SIGTERM"
+    assert "signal SIGTERM" not in run.signals("trainer")
+    journal = Journal(run.journal_path)
+    try:
+        assert journal.breaker() is not None
+        assert journal.reset_breaker(time.time())
+        assert journal.breaker() is None
+    finally:
+        journal.close()
