@@ -176,8 +176,7 @@ def test_a_restart_mid_ladder_repeats_nothing_and_resumes_the_job(
     first.recover()
     # tick until the suspend has been carried out, then "die": no shutdown, no undo
     wait_until(lambda: (first.tick(), state_of(sweep.pid) == "T")[1])
-    first.tick()  # its outcome is journaled
-    del first
+    first.tick()  # its outcome is journaled; then it is abandoned, as if SIGKILLed
     second = run.runtime()
     stats = second.run()
     assert [s[0] for s in run.steps()] == ["suspend", "renice"]  # nothing repeated
