@@ -48,7 +48,7 @@ def run_args(state: Path, *extra: str) -> list[str]:
 def test_run_then_read_the_post_mortem(tmp_path: Path) -> None:
     state = tmp_path / "state"
     result = subprocess.run(
-        run_args(state, "--speed", "40") + [],
+        run_args(state, "--speed", "40"),
         cwd=ROOT,
         capture_output=True,
         text=True,
