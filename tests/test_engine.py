@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from gpuwarden.config import Cloud, CloudProfile, Config, Notify, NotifyTarget
-from gpuwarden.engine.engine import Engine, Tick
+from gpuwarden.engine.engine import Engine
+from gpuwarden.engine.incident import Tick
 from gpuwarden.model import (
     Event,
     EventKind,

@@ -21,7 +21,8 @@ from gpuwarden.actions import registry
 from gpuwarden.actions.base import Context, PowerControl
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
-from gpuwarden.engine.engine import Engine, Tick
+from gpuwarden.engine.engine import Engine
+from gpuwarden.engine.incident import Tick
 from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Transition, Undo
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.safety import Rails

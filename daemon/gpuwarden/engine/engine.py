@@ -16,19 +16,17 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from gpuwarden.config import Config
 from gpuwarden.engine.history import History
-from gpuwarden.engine.planner import Planner, freed_gpu, freed_host
+from gpuwarden.engine.incident import Incident, ScopeState, Tick, latest_instant, stamp
+from gpuwarden.engine.planner import Planner, candidates, process_env, projector
 from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.engine.scopes import SCOPES, Scope, gpu_key
 from gpuwarden.model import (
-    GpuProcess,
-    GpuState,
     Intent,
     Outcome,
     Reason,
@@ -36,70 +34,12 @@ from gpuwarden.model import (
     Snapshot,
     Transition,
 )
-from gpuwarden.playbook.fields import HostView, tick_env
+from gpuwarden.playbook.fields import tick_env
 from gpuwarden.playbook.loader import CompiledRule, CompiledStep, PlaybookSet
 from gpuwarden.playbook.schema import SELECTING_KINDS
-from gpuwarden.playbook.timewindow import Schedule
 
 Env = dict[str, Any]
 Records = list[RuleChange | Intent]  # in the order they happened within the tick
-
-
-@dataclass
-class Incident:
-    id: str
-    rule: str
-    scope: str
-    label: str
-    opened: float
-    severity: str
-    shadow: bool
-    gpu: int | None
-    next_step: int = 0
-    running: dict[int, str] = field(default_factory=dict)  # step index -> intent id
-    finished: set[int] = field(default_factory=set)
-    waiting_noted: int = -1
-    # (step kind, pid, start time) of every process a step of this incident chose
-    targeted: set[tuple[str, int, float | None]] = field(default_factory=set)
-    event: Any = None
-
-
-@dataclass
-class _ScopeState:
-    phase: str = "inactive"  # inactive | pending | firing
-    since: float = 0.0
-    incident: Incident | None = None
-    cooldown_until: float = 0.0
-    cooldown_noted: bool = False
-    label: str = ""
-
-
-@dataclass(frozen=True)
-class Tick:
-    records: tuple[RuleChange | Intent, ...]
-
-    @property
-    def changes(self) -> tuple[RuleChange, ...]:
-        return tuple(r for r in self.records if isinstance(r, RuleChange))
-
-    @property
-    def intents(self) -> tuple[Intent, ...]:
-        return tuple(r for r in self.records if isinstance(r, Intent))
-
-
-def _stamp(now: float) -> str:
-    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-
-
-def _latest_instant(schedule: Schedule, last: float, now: float, tz: dt.tzinfo) -> float:
-    """The latest scheduled instant in ``(last, now]`` (one is due). The next run counts from
-    it, not from ``now``: ticks that miss the instants do not make an interval drift."""
-    run = schedule.next_run(last, tz)
-    if schedule.interval is not None:
-        return run + (now - run) // schedule.interval * schedule.interval
-    while (following := schedule.next_run(run, tz)) <= now:
-        run = following
-    return run
 
 
 class Engine:
@@ -111,7 +51,7 @@ class Engine:
         self.tz = config.tz
         self.history = History()
         self.planner = Planner(ProtectedMatcher(config.protected, self_pid=self_pid))
-        self._states: dict[tuple[str, str], _ScopeState] = {}
+        self._states: dict[tuple[str, str], ScopeState] = {}
         self._last_run: dict[str, float] = {}
         self._intents: dict[str, tuple[Incident, int, Intent]] = {}
         self._killed: set[tuple[int, float | None]] = set()
@@ -140,7 +80,7 @@ class Engine:
         if compiled is None:
             return False
         steps = set(planned_steps)
-        state = self._states.setdefault((rule, scope), _ScopeState())
+        state = self._states.setdefault((rule, scope), ScopeState())
         state.phase = "firing"
         state.label = label
         restored = Incident(
@@ -218,7 +158,7 @@ class Engine:
                 if not due:
                     self._advance_open(rule, scopes_by_kind, snapshot, base, now, changes, intents)
                     continue
-                self._last_run[rule.name] = _latest_instant(rule.every, last, now, self.tz)
+                self._last_run[rule.name] = latest_instant(rule.every, last, now, self.tz)
             self._evaluate(
                 rule,
                 scopes_by_kind[rule.spec.for_each],
@@ -283,7 +223,7 @@ class Engine:
             if state is None:
                 if not holds:
                     continue
-                state = self._states[key] = _ScopeState()
+                state = self._states[key] = ScopeState()
             present.add(scope.key)
             state.label = scope.label
             if state.phase == "firing":
@@ -320,7 +260,7 @@ class Engine:
         self,
         rule: CompiledRule,
         scope: Scope,
-        state: _ScopeState,
+        state: ScopeState,
         holds: bool,
         env: Env,
         now: float,
@@ -366,7 +306,7 @@ class Engine:
                         scope.key,
                         now,
                         Reason.COOLDOWN,
-                        detail=f"until {_stamp(state.cooldown_until)}",
+                        detail=f"until {stamp(state.cooldown_until)}",
                         where=scope.label,
                     )
                 )
@@ -395,7 +335,7 @@ class Engine:
         self,
         rule: CompiledRule,
         scope: Scope,
-        state: _ScopeState,
+        state: ScopeState,
         now: float,
         reason: Reason,
         changes: Records,
@@ -437,10 +377,10 @@ class Engine:
         """``<UTC second>-<rule>-<scope>``; an incident of the same rule and scope opened
         again within that second (a flapping rule without cooldown, a reused PID) gets
         ``-2``, ``-3``, ... so that no two incidents, and no two intents, share an id."""
-        stamp = _stamp(now)
-        if stamp != self._id_second:
-            self._id_second, self._ids = stamp, {}
-        base = f"{stamp}-{rule.name}-{scope.key.split('@')[0].replace('/', '-')}"
+        second = stamp(now)
+        if second != self._id_second:
+            self._id_second, self._ids = second, {}
+        base = f"{second}-{rule.name}-{scope.key.split('@')[0].replace('/', '-')}"
         count = self._ids[base] = self._ids.get(base, 0) + 1
         return base if count == 1 else f"{base}-{count}"
 
@@ -497,7 +437,7 @@ class Engine:
     def _resolve(
         self,
         rule: CompiledRule,
-        state: _ScopeState,
+        state: ScopeState,
         now: float,
         reason: Reason,
         changes: Records,
@@ -595,66 +535,19 @@ class Engine:
         )
         if step.kind not in SELECTING_KINDS:
             return intent
-        candidates = self._candidates(rule, scope, env)
+        found = candidates(rule.spec.for_each, scope, env)
         already = self._killed | {
             (pid, ct) for kind, pid, ct in incident.targeted if kind == step.kind
         }
         plan = self.planner.plan(
             step,
-            candidates,
-            lambda p: self._process_env(env, p),
+            found,
+            lambda p: process_env(env, p),
             already,
-            self._projector(env),
+            projector(env),
         )
         for target in plan.targets:
             incident.targeted.add((step.kind, target.pid, target.create_time))
             if step.kind == "kill" and not incident.shadow:
                 self._killed.add((target.pid, target.create_time))
         return replace(intent, reason=plan.reason, targets=plan.targets, skipped=plan.skipped)
-
-    def _candidates(self, rule: CompiledRule, scope: Scope, env: Env) -> list[GpuProcess]:
-        snapshot_procs: Iterable[GpuProcess] = env["_snapshot"].processes
-        kind = rule.spec.for_each
-        if kind == "process":
-            return [scope.process] if scope.process is not None else []
-        if kind in ("host", "event"):
-            # An event's harm reaches beyond its GPU (the other ranks of a job hang): every
-            # process is a candidate, and `select` may narrow it with process.gpu == event.gpu.
-            return list(snapshot_procs)
-        gpu = (
-            scope.gpu.index
-            if scope.gpu is not None
-            else (scope.event.gpu if scope.event is not None else None)
-        )
-        if gpu is None:
-            return list(snapshot_procs)
-        return [p for p in snapshot_procs if p.gpu == gpu]
-
-    def _process_env(self, env: Env, proc: GpuProcess) -> Env:
-        penv = dict(env)
-        penv["process"] = proc
-        gpus = env["_gpus"]
-        penv["gpu"] = gpus.get(proc.gpu, env["gpu"])
-        return penv
-
-    def _projector(self, env: Env) -> Callable[[Mapping[int, int]], Env]:
-        """The environment ``free_until`` is checked in, with the memory the chosen processes
-        hold freed on the GPUs where they hold it: the scope's GPU (``gpu.*``) and the host
-        (``host.*``, over the GPUs it counts), whatever the rule's scope."""
-        gpu: GpuState | None = env["gpu"]
-        host: HostView = env["host"]
-        gpus: dict[int, GpuState] = env["_gpus"]
-        counted = {
-            index
-            for index, g in gpus.items()
-            if g.memory.used_mib is not None and g.memory.total_mib is not None
-        }
-
-        def project(freed: Mapping[int, int]) -> Env:
-            penv = dict(env)
-            if gpu is not None:
-                penv["gpu"] = freed_gpu(gpu, freed.get(gpu.index, 0))
-            penv["host"] = freed_host(host, sum(m for i, m in freed.items() if i in counted))
-            return penv
-
-        return project

@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.engine.protect import ProtectedMatcher
+from gpuwarden.engine.scopes import Scope
 from gpuwarden.model import GpuProcess, GpuState, Memory, Reason, Skipped, Target
 from gpuwarden.playbook.fields import HostView
 from gpuwarden.playbook.loader import CompiledStep
@@ -181,3 +182,54 @@ def _sort_key(step: CompiledStep, env: Env) -> tuple[Any, ...]:
             continue
         key.append((0, -value if order.descending else value))
     return tuple(key)
+
+
+def candidates(for_each: str, scope: Scope, env: Env) -> list[GpuProcess]:
+    """The processes a step of an incident may choose from (see the module docstring)."""
+    snapshot_procs: Iterable[GpuProcess] = env["_snapshot"].processes
+    if for_each == "process":
+        return [scope.process] if scope.process is not None else []
+    if for_each in ("host", "event"):
+        # An event's harm reaches beyond its GPU (the other ranks of a job hang): every
+        # process is a candidate, and `select` may narrow it with process.gpu == event.gpu.
+        return list(snapshot_procs)
+    gpu = (
+        scope.gpu.index
+        if scope.gpu is not None
+        else (scope.event.gpu if scope.event is not None else None)
+    )
+    if gpu is None:
+        return list(snapshot_procs)
+    return [p for p in snapshot_procs if p.gpu == gpu]
+
+
+def process_env(env: Env, proc: GpuProcess) -> Env:
+    """``env`` seen from one candidate: its process and the GPU it is on."""
+    penv = dict(env)
+    penv["process"] = proc
+    gpus = env["_gpus"]
+    penv["gpu"] = gpus.get(proc.gpu, env["gpu"])
+    return penv
+
+
+def projector(env: Env) -> Callable[[Mapping[int, int]], Env]:
+    """The environment ``free_until`` is checked in, with the memory the chosen processes
+    hold freed on the GPUs where they hold it: the scope's GPU (``gpu.*``) and the host
+    (``host.*``, over the GPUs it counts), whatever the rule's scope."""
+    gpu: GpuState | None = env["gpu"]
+    host: HostView = env["host"]
+    gpus: dict[int, GpuState] = env["_gpus"]
+    counted = {
+        index
+        for index, g in gpus.items()
+        if g.memory.used_mib is not None and g.memory.total_mib is not None
+    }
+
+    def project(freed: Mapping[int, int]) -> Env:
+        penv = dict(env)
+        if gpu is not None:
+            penv["gpu"] = freed_gpu(gpu, freed.get(gpu.index, 0))
+        penv["host"] = freed_host(host, sum(m for i, m in freed.items() if i in counted))
+        return penv
+
+    return project
