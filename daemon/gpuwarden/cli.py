@@ -179,12 +179,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     from gpuwarden import inventory
     from gpuwarden.playbook import loader
 
+    found = _config_path(args.config)
     try:
-        found = _config_path(args.config)
         cfg = config.Config() if found is None else config.load(found)
-        playbooks = loader.load(_playbook_paths(args.paths, cfg), cfg)
+        paths = _playbook_paths(args.paths, cfg)
+        if not args.paths and not Path(paths[0]).exists():
+            raise InputError.at(
+                paths[0],
+                None,
+                None,
+                "no such playbook directory",
+                hint="name playbook files or directories (gpuwarden check PATH...), "
+                "or set playbooks: in the config",
+            )
+        playbooks = loader.load(paths, cfg)
     except InputError as exc:
         print(exc.render(), file=sys.stderr)
+        if found is None:
+            print(
+                f"note: no config file was read (no --config, no GPUWARDEN_CONFIG, no "
+                f"{config.DEFAULT_PATH}): there are no notification targets or cloud "
+                "profiles, and the priority classes are the built-in ones",
+                file=sys.stderr,
+            )
         count = len(exc.problems)
         print(f"check failed: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
         return ExitCode.FAILURE

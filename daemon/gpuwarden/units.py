@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _finite(value: float) -> float:
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise ValueError("duration too large") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a finite duration: {value!r}")
+    return seconds
 
 
 def parse_duration(value: object) -> float:
@@ -15,7 +26,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, int | float):
         if value < 0:
             raise ValueError(f"a duration cannot be negative: {value!r}")
-        return float(value)
+        return _finite(value)
     if not isinstance(value, str):
         raise ValueError(f"not a duration: {value!r}")
     text = value.strip().replace(" ", "")
@@ -28,7 +39,7 @@ def parse_duration(value: object) -> float:
     else:
         if seconds < 0:
             raise ValueError(f"a duration cannot be negative: {value!r}")
-        return seconds
+        return _finite(seconds)
     total = 0.0
     pos = 0
     for match in _PART.finditer(text):

@@ -31,6 +31,8 @@ class Located:
     values: dict[KeyPath, tuple[int, int]]
     keys: dict[KeyPath, tuple[int, int]]
     styles: dict[KeyPath, str | None] = field(default_factory=dict)
+    # Each scalar's source text as written: quotes, escapes, block header, line breaks.
+    sources: dict[KeyPath, str] = field(default_factory=dict)
 
     def where(self, path: KeyPath, *, key: bool = False) -> tuple[int | None, int | None]:
         """The position of the longest prefix of ``path`` that exists in the file."""
@@ -46,16 +48,32 @@ class Located:
     def inside(self, path: KeyPath, offset: int) -> tuple[int | None, int | None]:
         """The position of character ``offset`` of the string value at ``path``.
 
-        Exact for plain and quoted scalars on one line; a block scalar (``|``, ``>``) points
-        at its indicator.
+        Exact for plain, quoted and block scalars, on one line or folded over several.
         """
         line, col = self.where(path)
         if line is None or col is None or path not in self.values:
             return (line, col)
-        style = self.styles.get(path)
-        if style in ("|", ">"):
+        raw = self.sources.get(path)
+        value = self._value(path)
+        if raw is None or not isinstance(value, str):
             return (line, col)
-        return (line, col + offset + (1 if style in ("'", '"') else 0))
+        index = _source_index(raw, self.styles.get(path), value, offset)
+        if index is None:
+            return (line, col)
+        before = raw[:index]
+        breaks = before.count("\n")
+        if not breaks:
+            return (line, col + index)
+        return (line + breaks, index - before.rfind("\n"))
+
+    def _value(self, path: KeyPath) -> object:
+        data: Any = self.data
+        try:
+            for part in path:
+                data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+        return data
 
     def problem(
         self,
@@ -81,8 +99,75 @@ class Located:
         return InputError([self.problem(path, message, expected, hint, key=key)])
 
 
+def _source_chars(raw: str, style: str | None) -> list[tuple[int, int, str]]:
+    """The characters of a scalar's value as ``(start, end, char)`` spans of its source
+    text: quotes and a block header skipped, ``''`` and backslash escapes decoded."""
+    chars: list[tuple[int, int, str]] = []
+    i, stop = 0, len(raw)
+    if style in ("|", ">"):
+        i = raw.find("\n") + 1 if "\n" in raw else stop
+    elif style in ("'", '"'):
+        i, stop = 1, max(1, len(raw) - 1)
+    escapes = yaml.scanner.Scanner.ESCAPE_REPLACEMENTS
+    codes = yaml.scanner.Scanner.ESCAPE_CODES
+    while i < stop:
+        ch = raw[i]
+        if style == "'" and raw.startswith("''", i):
+            chars.append((i, i + 2, "'"))
+            i += 2
+        elif style == '"' and ch == "\\" and i + 1 < stop:
+            code = raw[i + 1]
+            if code in escapes:
+                chars.append((i, i + 2, escapes[code]))
+                i += 2
+            elif code in codes:
+                end = i + 2 + codes[code]  # the parser has checked the hex digits
+                chars.append((i, end, chr(int(raw[i + 2 : end], 16))))
+                i = end
+            else:  # an escaped line break joins the lines
+                i += 2
+        else:
+            chars.append((i, i + 1, ch))
+            i += 1
+    return chars
+
+
+def _source_index(raw: str, style: str | None, value: str, offset: int) -> int | None:
+    """Where character ``offset`` of a scalar's ``value`` stands in its source text ``raw``.
+
+    Folding lines and stripping indentation change only whitespace, so the n-th non-space
+    character of the value is the n-th non-space character of the source.
+    """
+    wanted = sum(1 for ch in value[:offset] if not ch.isspace())
+    seen = 0
+    after_last: int | None = None
+    for start, end, ch in _source_chars(raw, style):
+        if ch.isspace():
+            continue
+        if seen == wanted:
+            return start
+        seen += 1
+        after_last = end
+    return after_last
+
+
 def _mark(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+# Aliases may repeat a node; this many repeated values means aliases that multiply aliases.
+MAX_REPEATS = 10_000
+
+
+@dataclass
+class _Aliases:
+    """What the walk needs to survive aliases: the collections it is inside, those of them
+    written out rather than reached through an alias, the nodes seen, the repeats so far."""
+
+    inside: set[int] = field(default_factory=set)
+    written: list[yaml.Node] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+    repeats: int = 0
 
 
 def _walk(
@@ -91,11 +176,47 @@ def _walk(
     located: Located,
     problems: list[Problem],
     file: str,
+    aliases: _Aliases,
 ) -> None:
-    values, keys = located.values, located.keys
-    values[path] = _mark(node)
-    if isinstance(node, yaml.ScalarNode):
+    located.values[path] = _mark(node)
+    repeat = id(node) in aliases.seen
+    if repeat:
+        aliases.repeats += 1
+        if id(node) in aliases.inside:
+            message = "this anchored value contains an alias of itself"
+            problems.append(Problem(file, *_mark(node), message))
+            return
+        if aliases.repeats > MAX_REPEATS:
+            if aliases.repeats == MAX_REPEATS + 1:  # once, where the aliases stand
+                message = f"the aliases here repeat more than {MAX_REPEATS} values"
+                expected = "aliases that do not multiply other aliases"
+                problems.append(Problem(file, *_mark(aliases.written[-1]), message, expected))
+            return
+    aliases.seen.add(id(node))
+    if isinstance(node, yaml.CollectionNode):
+        aliases.inside.add(id(node))
+        if not repeat:
+            aliases.written.append(node)
+        _walk_children(node, path, located, problems, file, aliases)
+        if not repeat:
+            aliases.written.pop()
+        aliases.inside.discard(id(node))
+    elif isinstance(node, yaml.ScalarNode):
         located.styles[path] = node.style
+        buffer = node.start_mark.buffer
+        if isinstance(buffer, str):
+            located.sources[path] = buffer[node.start_mark.index : node.end_mark.index]
+
+
+def _walk_children(
+    node: yaml.CollectionNode,
+    path: KeyPath,
+    located: Located,
+    problems: list[Problem],
+    file: str,
+    aliases: _Aliases,
+) -> None:
+    keys = located.keys
     if isinstance(node, yaml.MappingNode):
         seen: dict[Hashable, tuple[int, int]] = {}
         for key_node, value_node in node.value:
@@ -131,23 +252,37 @@ def _walk(
                 continue
             seen[key] = _mark(key_node)
             keys[(*path, key)] = _mark(key_node)
-            _walk(value_node, (*path, key), located, problems, file)
+            _walk(value_node, (*path, key), located, problems, file, aliases)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             keys[(*path, index)] = _mark(item)
-            _walk(item, (*path, index), located, problems, file)
+            _walk(item, (*path, index), located, problems, file, aliases)
+
+
+def _bad_character(text: str, file: str, exc: yaml.reader.ReaderError) -> InputError:
+    at = exc.position
+    return InputError.at(
+        file,
+        text.count("\n", 0, at) + 1,
+        at - text.rfind("\n", 0, at),
+        f"YAML syntax error: character U+{exc.character:04X} is not allowed",
+        "printable text",
+    )
 
 
 def parse(text: str, file: str) -> Located:
     """Parse one YAML document from ``text``; ``file`` names it in errors."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow, anywhere
+        raise _bad_character(text, file, exc) from None
     try:
         node = loader.get_single_node()
         if node is None:
             raise InputError.at(file, 1, 1, "the file is empty", "a YAML mapping")
         shape = Located(file, None, {}, {})
         problems: list[Problem] = []
-        _walk(node, (), shape, problems, file)
+        _walk(node, (), shape, problems, file, _Aliases())
         if problems:
             raise InputError(problems)
         data = loader.construct_document(node)
@@ -159,9 +294,13 @@ def parse(text: str, file: str) -> Located:
         raise InputError.at(file, line, col, f"YAML syntax error: {what}") from None
     except yaml.YAMLError as exc:
         raise InputError.at(file, None, None, f"YAML error: {exc}") from None
+    except RecursionError:
+        raise InputError.at(
+            file, None, None, "YAML nested too deeply", "fewer levels of [ ], { } or indentation"
+        ) from None
     finally:
         loader.dispose()
-    return Located(file, data, shape.values, shape.keys, shape.styles)
+    return Located(file, data, shape.values, shape.keys, shape.styles, shape.sources)
 
 
 def load(path: str | Path) -> Located:
@@ -179,9 +318,19 @@ def load(path: str | Path) -> Located:
     return parse(text, name)
 
 
+# Pydantic's words for a wrong container, in the words of a YAML file.
+_SHAPES = {
+    "model_type": "input should be a mapping",
+    "model_attributes_type": "input should be a mapping",
+    "dict_type": "input should be a mapping",
+    "tuple_type": "input should be a list",
+    "list_type": "input should be a list",
+}
+
+
 def _describe(error: Any) -> tuple[str, str | None]:
     kind = error["type"]
-    msg = str(error["msg"])
+    msg = _SHAPES.get(kind, str(error["msg"]))
     if kind == "missing":
         return ("missing required field", None)
     if kind == "extra_forbidden":
@@ -189,11 +338,30 @@ def _describe(error: Any) -> tuple[str, str | None]:
     if kind in ("value_error", "assertion_error"):
         msg = msg.split(", ", 1)[1] if ", " in msg else msg
         return (msg, None)
-    got = error.get("input")
-    shown = repr(got)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return (f"{msg[0].lower()}{msg[1:]} (got {shown})", None)
+    if kind == "too_short" and "min_length" in error.get("ctx", {}):
+        least = error["ctx"]["min_length"]
+        msg = f"input should have at least {least} item{'s' if least != 1 else ''}"
+    return (f"{msg[0].lower()}{msg[1:]}", None)
+
+
+def _shown(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _in_data(data: Any, loc: tuple[Any, ...], *, missing: bool) -> tuple[KeyPath, bool]:
+    """The parts of a pydantic ``loc`` that are keys of ``data`` (a missing field's last part
+    too), and whether any were dropped: the names of union members (``str``, ``tuple[...]``)
+    and of keys a shorthand adds (``notify: [a]`` is validated as ``{targets: [a]}``)."""
+    kept: list[str | int] = []
+    for i, part in enumerate(loc):
+        is_item = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if is_item or (isinstance(data, dict) and part in data):
+            data = data[part]
+        elif not (missing and i == len(loc) - 1 and isinstance(part, str | int)):
+            continue
+        kept.append(part)
+    return tuple(kept), len(kept) != len(loc)
 
 
 def validate(model: type[M], located: Located, path: KeyPath = ()) -> M:
@@ -201,6 +369,7 @@ def validate(model: type[M], located: Located, path: KeyPath = ()) -> M:
 
     Each validation error becomes a Problem at the position of the value it is about; a
     missing field points at the mapping it is missing from, an unknown field at its key.
+    The errors of the members of a union (``str | list``) become one problem.
     """
     data = located.data
     for part in path:
@@ -208,16 +377,33 @@ def validate(model: type[M], located: Located, path: KeyPath = ()) -> M:
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        problems: list[Problem] = []
-        for error in exc.errors(include_url=False):
-            loc = tuple(p for p in error["loc"] if isinstance(p, str | int))
-            full = (*path, *loc)
-            message, expected = _describe(error)
-            field = ".".join(str(p) for p in full) if full else "document"
-            if error["type"] == "missing":
-                problems.append(located.problem(full[:-1], f"{field}: {message}", expected))
-            elif error["type"] == "extra_forbidden":
-                problems.append(located.problem(full, f"{field}: {message}", expected, key=True))
-            else:
-                problems.append(located.problem(full, f"{field}: {message}", expected))
-        raise InputError(problems) from None
+        errors = exc.errors(include_url=False)
+    found: dict[tuple[KeyPath, str], list[tuple[str, Any]]] = {}
+    for error in errors:
+        kind = error["type"]
+        loc, dropped = _in_data(data, tuple(error["loc"]), missing=kind == "missing")
+        group = kind if kind in ("missing", "extra_forbidden") or not dropped else "union"
+        found.setdefault(((*path, *loc), group), []).append((_describe(error)[0], error))
+    # A list whose only item is wrong is also "too short": say only what is wrong with the item.
+    wrong = [full for full, _ in found]
+    problems: list[Problem] = []
+    for (full, group), described in found.items():
+        kinds = {error["type"] for _, error in described}
+        if kinds == {"too_short"} and any(w[: len(full)] == full != w for w in wrong):
+            continue
+        field = ".".join(str(p) for p in full) if full else "document"
+        messages = list(dict.fromkeys(message for message, _ in described))
+        lead = "input should be "
+        if len(messages) > 1 and all(m.startswith(lead) for m in messages):
+            messages = [lead + " or ".join(m.removeprefix(lead) for m in messages)]
+        message = "; ".join(messages)
+        error = described[0][1]
+        if error["type"] not in ("missing", "extra_forbidden", "value_error", "assertion_error"):
+            message += f" (got {_shown(error.get('input'))})"
+        if group == "missing":
+            problems.append(located.problem(full[:-1], f"{field}: {message}"))
+        elif group == "extra_forbidden":
+            problems.append(located.problem(full, f"{field}: {message}", key=True))
+        else:
+            problems.append(located.problem(full, f"{field}: {message}"))
+    raise InputError(problems) from None

@@ -207,7 +207,12 @@ class _FileCompiler:
                     known = sorted(self.config.notify.targets)
                     self.problems.append(
                         self.located.problem(
-                            (*kind_at, "targets", i) if len(params.targets) > 1 else kind_at,
+                            self._written(
+                                (*kind_at, "targets", i),
+                                (*kind_at, i),
+                                (*kind_at, "targets"),
+                                kind_at,
+                            ),
                             f"unknown notification target {target!r}",
                             f"one of: {', '.join(known)}" if known else None,
                             "define it under notify.targets in the config" if not known else None,
@@ -218,7 +223,7 @@ class _FileCompiler:
             known = sorted(self.config.cloud.profiles)
             self.problems.append(
                 self.located.problem(
-                    kind_at,
+                    self._written((*kind_at, "profile"), kind_at),
                     f"unknown cloud profile {params.profile!r}",
                     f"one of: {', '.join(known)}" if known else None,
                     "define it under cloud.profiles in the config" if not known else None,
@@ -260,6 +265,11 @@ class _FileCompiler:
         if not ok:
             return None
         return CompiledStep(index, step, select, free_until, tuple(order))
+
+    def _written(self, *paths: yamlfile.KeyPath) -> yamlfile.KeyPath:
+        """The first of ``paths`` that stands in the file (shorthands such as ``notify: [a, b]``
+        leave out the parameter's key)."""
+        return next((p for p in paths if p in self.located.values), paths[-1])
 
     def order_key(self, path: yamlfile.KeyPath, key: str) -> OrderKey | None:
         descending = key.startswith("-")

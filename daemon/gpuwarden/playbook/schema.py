@@ -6,20 +6,68 @@ expressions, checks its references and reports every problem as file:line:col.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from gpuwarden.units import parse_duration
 
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+def _seconds(value: object) -> float:
+    try:
+        return parse_duration(value)
+    except OverflowError:  # an integer too large for a float
+        raise ValueError(f"duration too large: {str(value)[:20]}...") from None
+
+
+# What editors are told a duration looks like (the JSON Schema; parse_duration decides).
+_DURATION_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": r"^ *(([0-9]+(\.[0-9]+)? *(ms|s|m|h|d) *)+|[0-9.]+ *)$"},
+    ],
+    "description": "a duration: seconds, or a text such as 30s, 2m, 1h30m",
+}
+# Infinite and NaN values are refused by every model below (allow_inf_nan=False).
+Seconds = Annotated[float, BeforeValidator(_seconds), WithJsonSchema(_DURATION_SCHEMA)]
+_STRING: dict[str, Any] = {"type": "string"}
+_STRINGS: dict[str, Any] = {"type": "array", "items": _STRING, "minItems": 1}
+
+
+def _shorthands(**forms: list[dict[str, Any]]) -> Callable[[dict[str, Any]], None]:
+    """Add to a model's JSON Schema the short forms its validators expand (``notify: oncall``
+    for ``notify: {targets: [oncall]}``), so editors accept what the loader accepts."""
+
+    def add(schema: dict[str, Any]) -> None:
+        for name, extra in forms.items():
+            prop = schema["properties"][name]
+            kept = ("default", "title", "description")
+            options = prop.pop("anyOf", None) or [
+                {k: prop.pop(k) for k in list(prop) if k not in kept}
+            ]
+            prop["anyOf"] = [*extra, *options]
+
+    return add
+
+
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 def _names(value: object) -> object:
@@ -34,6 +82,8 @@ class Selection(_Strict):
     stops choosing once the projected state (with the chosen processes' memory freed) holds.
     """
 
+    model_config = ConfigDict(json_schema_extra=_shorthands(order=[_STRING]))
+
     select: str | None = None
     order: tuple[str, ...] | None = None
     limit: int | None = Field(default=None, ge=1)
@@ -46,6 +96,8 @@ class Selection(_Strict):
 
 
 class NotifyParams(_Strict):
+    model_config = ConfigDict(json_schema_extra=_shorthands(targets=[_STRING]))
+
     targets: Annotated[tuple[str, ...], BeforeValidator(_names)] = Field(min_length=1)
     message: str | None = None
 
@@ -148,6 +200,12 @@ StepParams = (
 
 class Step(_Strict):
     """One rung of the ladder: ``after`` (from firing) plus exactly one step kind."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_shorthands(
+            notify=[_STRING, _STRINGS], exec=[_STRINGS], provision=[_STRING]
+        )
+    )
 
     after: Seconds = 0.0
     name: str | None = None
