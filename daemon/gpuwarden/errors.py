@@ -78,29 +78,25 @@ class InputError(GpuwardenError):
         return "\n".join(p.render() for p in self.problems)
 
 
-class UsageError(GpuwardenError):
+class HintedError(GpuwardenError):
+    """One line saying what is wrong, and optionally one saying what to do."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return self.message + (f"\n  hint: {self.hint}" if self.hint else "")
+
+
+class UsageError(HintedError):
     """The command line asks for something that cannot be done (an unknown source scheme...)."""
 
     exit_code = ExitCode.BAD_INPUT
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        self.message = message
-        self.hint = hint
-        super().__init__(self.render())
 
-    def render(self) -> str:
-        return self.message + (f"\n  hint: {self.hint}" if self.hint else "")
-
-
-class SourceUnavailable(GpuwardenError):
+class SourceUnavailable(HintedError):
     """The telemetry source cannot be read at all (no NVML library, no driver, no permission)."""
 
     exit_code = ExitCode.SOURCE_UNAVAILABLE
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        self.message = message
-        self.hint = hint
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        return self.message + (f"\n  hint: {self.hint}" if self.hint else "")

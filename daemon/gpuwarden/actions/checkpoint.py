@@ -29,6 +29,7 @@ import psutil
 
 from gpuwarden import job
 from gpuwarden.actions.base import Context, log_action, summarise
+from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import PinError, Pinned, pin
 from gpuwarden.model import Intent, Outcome, Target, TargetResult
 from gpuwarden.playbook.schema import CheckpointParams
@@ -114,10 +115,6 @@ def _params(intent: Intent) -> CheckpointParams | None:
     if intent.params is None:
         return CheckpointParams()
     return intent.params if isinstance(intent.params, CheckpointParams) else None
-
-
-def _result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResult:
-    return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
 
 
 def _wait(waiting: list[_Waiting], seconds: float, ctx: Context) -> dict[int, TargetResult]:

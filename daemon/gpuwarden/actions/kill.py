@@ -32,6 +32,7 @@ import psutil
 
 from gpuwarden import job
 from gpuwarden.actions.base import Context, log_action, summarise
+from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import Gone, PinError, Pinned, pin, pin_pid
 from gpuwarden.model import Intent, Outcome, Target, TargetResult
 from gpuwarden.playbook.schema import KillParams
@@ -104,10 +105,6 @@ def group_members(pgid: int) -> list[int]:
         if fields[2] == str(pgid):
             members.append(int(entry.name))
     return sorted(members)
-
-
-def _result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResult:
-    return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
 
 
 def _group_of(pinned: Pinned) -> tuple[int | None, str]:

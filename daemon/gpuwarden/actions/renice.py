@@ -13,21 +13,17 @@ There is no pidfd form of setpriority: the identity is re-verified before each c
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import psutil
 
-from gpuwarden.actions.base import Context, log_action, summarise
+from gpuwarden.actions.base import Context, log_action
+from gpuwarden.actions.each import act_on_each
+from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import IONICE_LEVEL_LOWEST, Denied, PinError, Pinned, ionice_rank, pin
 from gpuwarden.actions.resume import log_undo, undo_target
 from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
 from gpuwarden.playbook.schema import ReniceParams
 
 IONICE_SETTINGS = {"idle": "idle", "best-effort": f"best-effort:{IONICE_LEVEL_LOWEST}"}
-
-
-def _result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResult:
-    return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
 
 
 def _wanted_ionice(pinned: Pinned, setting: str) -> tuple[str | None, str | None]:
@@ -91,28 +87,18 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
         detail = f"renice: parameters are {type(params).__name__}, not ReniceParams"
         log_action(intent, ctx, error=detail)
         return Outcome(ok=False, detail=detail, dry_run=dry)
-    results: list[TargetResult] = []
-    undos: list[Undo] = []
-    for target in intent.targets:
-        try:
-            result, undo_ = _renice(target, params, dry)
-        except PinError as err:
-            result, undo_ = err.result(target), None
-        except (OSError, psutil.Error) as err:
-            result, undo_ = _result(target, False, "error", str(err)), None
-        results.append(result)
-        if undo_ is not None:
-            undos.append(undo_)
-        log_action(
-            intent,
-            ctx,
-            result,
-            nice=params.nice,
-            ionice=params.ionice,
-            user=target.user or "-",
-            cmd=target.command,
-        )
-    return replace(summarise(results, dry_run=dry, what="renice"), undo=tuple(undos))
+    return act_on_each(
+        intent,
+        ctx,
+        "renice",
+        lambda target: _renice(target, params, dry),
+        lambda target: {
+            "nice": params.nice,
+            "ionice": params.ionice,
+            "user": target.user or "-",
+            "cmd": target.command,
+        },
+    )
 
 
 def _restore(target: Target, u: Undo, dry: bool) -> TargetResult:

@@ -11,14 +11,11 @@ import signal
 import psutil
 
 from gpuwarden.actions.base import Context, log, log_action, safe, summarise
+from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import PinError, pin
 from gpuwarden.actions.suspend import wait_for_status
 from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
 from gpuwarden.playbook.schema import ResumeParams
-
-
-def _result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResult:
-    return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
 
 
 def resume_target(target: Target, ctx: Context, dry: bool) -> TargetResult:

@@ -12,12 +12,13 @@ and is not resumed later: gpuwarden only undoes what it did.
 from __future__ import annotations
 
 import signal
-from dataclasses import replace
 
 import psutil
 
-from gpuwarden.actions.base import Context, log_action, summarise
-from gpuwarden.actions.pin import PinError, Pinned, pin
+from gpuwarden.actions.base import Context, log_action
+from gpuwarden.actions.each import act_on_each
+from gpuwarden.actions.each import result as _result
+from gpuwarden.actions.pin import Pinned, pin
 from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
 from gpuwarden.playbook.schema import SuspendParams
 
@@ -36,10 +37,6 @@ def wait_for_status(pinned: Pinned, ctx: Context, stopped: bool) -> str | None:
         if ctx.clock.monotonic() >= deadline:
             return status
         ctx.clock.sleep(CONFIRM_POLL_S)
-
-
-def _result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResult:
-    return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
 
 
 def _suspend(
@@ -76,19 +73,10 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
         detail = f"suspend: parameters are {type(params).__name__}, not SuspendParams"
         log_action(intent, ctx, error=detail)
         return Outcome(ok=False, detail=detail, dry_run=dry)
-    results: list[TargetResult] = []
-    undos: list[Undo] = []
-    for target in intent.targets:
-        try:
-            result, undo = _suspend(target, params, ctx, dry)
-        except PinError as err:
-            result, undo = err.result(target), None
-        except (OSError, psutil.Error) as err:
-            result, undo = _result(target, False, "error", str(err)), None
-        results.append(result)
-        if undo is not None:
-            undos.append(undo)
-        log_action(
-            intent, ctx, result, signal="SIGSTOP", user=target.user or "-", cmd=target.command
-        )
-    return replace(summarise(results, dry_run=dry, what="suspend"), undo=tuple(undos))
+    return act_on_each(
+        intent,
+        ctx,
+        "suspend",
+        lambda target: _suspend(target, params, ctx, dry),
+        lambda target: {"signal": "SIGSTOP", "user": target.user or "-", "cmd": target.command},
+    )
