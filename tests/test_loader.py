@@ -217,10 +217,10 @@ def test_a_value_of_neither_allowed_type_is_one_problem(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        (".nan", "input should be a finite number (got nan)"),
-        ("inf", "input should be a finite number (got inf)"),
+        (".nan", "not a finite duration: nan"),
+        ("inf", "not a finite duration: inf"),
         ("-.inf", "a duration cannot be negative: -inf"),
-        ("1" + "0" * 400, "duration too large: 10000000000000000000..."),
+        ("1" + "0" * 400, "duration too large"),
         ("-1s", "not a duration: '-1s' (write e.g. 30s, 2m, 1h30m)"),
     ],
     ids=["nan", "inf", "minus-inf", "huge", "negative"],
@@ -235,7 +235,7 @@ def test_infinite_numbers_in_step_parameters(tmp_path: Path) -> None:
     text = rule("    steps:\n      - power_cap: {watts: .inf}\n      - kill: {grace: .NaN}\n")
     assert problems(tmp_path, text) == [
         "p.yaml:5:28: rules.0.steps.0.power_cap.watts: input should be a finite number (got inf)",
-        "p.yaml:6:23: rules.0.steps.1.kill.grace: input should be a finite number (got nan)",
+        "p.yaml:6:23: rules.0.steps.1.kill.grace: not a finite duration: nan",
     ]
 
 
