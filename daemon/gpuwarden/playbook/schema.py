@@ -21,7 +21,6 @@ from pydantic import (
 
 from gpuwarden.units import parse_duration
 
-
 # What editors are told a duration looks like (the JSON Schema; parse_duration decides).
 _DURATION_SCHEMA: dict[str, Any] = {
     "anyOf": [
