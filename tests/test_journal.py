@@ -480,7 +480,10 @@ def test_a_journal_from_a_newer_gpuwarden_is_refused(path: Path) -> None:
         with pytest.raises(JournalError) as caught:
             opening(path)
         text = caught.value.render()
-        assert "newer gpuwarden (journal schema version 7; this gpuwarden knows up to 1)" in text
+        assert (
+            "newer gpuwarden (journal schema version 7; this gpuwarden knows up to "
+            f"{len(MIGRATIONS)})" in text
+        )
         assert "upgrade gpuwarden" in text
 
 
@@ -493,29 +496,33 @@ def test_a_v1_journal_migrates_forward(path: Path) -> None:
     with Journal(path) as journal:
         fired(journal)
         journal.ack(INCIDENT, T0 + 40)
-    v2 = (*MIGRATIONS, Migration(2, "incidents remember who acknowledged them", _v2))
-    with Journal(path, migrations=v2) as journal:
+    following = len(MIGRATIONS) + 1
+    later = (*MIGRATIONS, Migration(following, "incidents remember who acknowledged them", _v2))
+    with Journal(path, migrations=later) as journal:
         assert [i.id for i in journal.incidents()] == [INCIDENT]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == following
     assert conn.execute("SELECT acked_by FROM incidents").fetchall() == [("unknown",)]
     conn.close()
-    with pytest.raises(JournalError, match="schema version 2"):
-        Journal(path)  # this build knows only version 1 now
+    with pytest.raises(JournalError, match=f"schema version {following}"):
+        Journal(path)  # this build does not know that version
 
 
 def test_a_failed_migration_leaves_the_file_as_it_was(path: Path) -> None:
     Journal(path).close()
-    broken = (*MIGRATIONS, Migration(2, "broken", ddl("ALTER TABLE nope ADD COLUMN x")))
+    broken = (
+        *MIGRATIONS,
+        Migration(len(MIGRATIONS) + 1, "broken", ddl("ALTER TABLE nope ADD COLUMN x")),
+    )
     with pytest.raises(JournalError, match="no such table: nope"):
         Journal(path, migrations=broken)
-    with Journal(path) as journal:  # still version 1, still usable
+    with Journal(path) as journal:  # still at the version before, still usable
         assert journal.incidents() == []
 
 
 def test_migrations_must_be_numbered_in_order(path: Path) -> None:
     with pytest.raises(ValueError, match="out of order"):
-        Journal(path, migrations=(Migration(2, "skips one", ddl()),))
+        Journal(path, migrations=(Migration(2, "skips one", ddl()),))  # no version 1
 
 
 def test_readonly_reads_while_the_daemon_writes_and_refuses_writes(path: Path) -> None:
@@ -540,9 +547,9 @@ def test_readonly_of_a_missing_journal_says_where_it_looked(tmp_path: Path) -> N
 
 def test_readonly_of_an_older_journal_asks_to_start_the_daemon(path: Path) -> None:
     Journal(path).close()
-    v2 = (*MIGRATIONS, Migration(2, "later", ddl("CREATE TABLE later (x)")))
+    later = (*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "later", ddl("CREATE TABLE later (x)")))
     with pytest.raises(JournalError, match="start the daemon once"):
-        Journal(path, migrations=v2, readonly=True)
+        Journal(path, migrations=later, readonly=True)
 
 
 def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from gpuwarden import yamlfile
+from gpuwarden.playbook.timewindow import parse_active
 from gpuwarden.units import parse_duration
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.yaml")
@@ -170,6 +171,15 @@ class NotifyTarget(_Strict):
     min_severity: Literal["info", "warning", "critical"] = "info"
     quiet_hours: str | None = None
     fallback: str | None = None
+    # How message bodies are written for this target; facts are escaped for it.
+    body_format: Literal["text", "markdown", "html"] = "text"
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _window(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_active(value)  # raises ValueError saying what was expected
+        return value
 
     @model_validator(mode="after")
     def _has_destination(self) -> NotifyTarget:
@@ -181,6 +191,15 @@ class NotifyTarget(_Strict):
 class Notify(_Strict):
     targets: dict[str, NotifyTarget] = Field(default_factory=dict)
     admin: str | None = None  # where reload failures and circuit-breaker trips go
+    # Grouping (see gpuwarden.notify.grouping): incidents of one rule opened within
+    # group_wait share one message; later changes go out at most every group_interval;
+    # reminders every repeat while an incident is open and unacknowledged (0: never).
+    group_wait: Seconds = Field(default=30.0, ge=0)
+    group_interval: Seconds = Field(default=300.0, ge=0)
+    repeat: Seconds = Field(default=3600.0, ge=0)
+    # Drill and dry-run messages: at most this many per minute per target; the rest are
+    # counted and summarised in one message.
+    drill_rate: int = Field(default=10, ge=1)
 
 
 class CloudProfile(_Strict):

@@ -20,22 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.errors import HintedError
 
 APPLICATION_ID = 0x67707764  # "gpwd": tells a gpuwarden journal from any other SQLite file
 
 
-class JournalError(GpuwardenError):
+class JournalError(HintedError):
     """The journal cannot be opened, read or written: what is wrong with which file, and what
     to do. The daemon stops rather than act without a record (exit code FAILURE)."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        self.message = message
-        self.hint = hint
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        return self.message + (f"\n  hint: {self.hint}" if self.hint else "")
 
 
 # -- schema ---------------------------------------------------------------------------------------
@@ -142,8 +134,33 @@ _V1 = ddl(
     )""",
 )
 
+_V2 = ddl(
+    """CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        message_id TEXT NOT NULL,
+        target TEXT NOT NULL,
+        title TEXT NOT NULL,
+        body TEXT NOT NULL,
+        body_format TEXT NOT NULL DEFAULT 'text',
+        severity TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        incident TEXT,              -- the incident ids the message is about, comma-separated
+        created REAL NOT NULL,      -- when the message was made
+        queued_at REAL NOT NULL,    -- when it was queued (the retry budget counts from here)
+        status TEXT NOT NULL CHECK (status IN ('pending', 'sending', 'sent', 'failed', 'dropped')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL NOT NULL,
+        last_error TEXT,            -- redacted
+        sent_at REAL,
+        fallback_of TEXT,           -- the target whose budget ran out, for a fallback copy
+        UNIQUE (message_id, target)
+    )""",
+    "CREATE INDEX outbox_due ON outbox (status, next_attempt_at)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "incidents, records, intents, undos, actions, breaker", _V1),
+    Migration(2, "the notification outbox", _V2),
 )
 
 

@@ -1,0 +1,1 @@
+"""Notifications: messages for people, routed to named targets and grouped per rule."""

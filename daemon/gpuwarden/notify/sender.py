@@ -1,0 +1,480 @@
+"""The sender: a daemon thread that delivers the outbox with apprise, per target, with retries.
+
+The run loop only ``put``s messages into the outbox and calls ``wake``; it never waits for a
+delivery. Each target is delivered by at most one worker at a time, in its own pool thread, so
+a target that is down or slow holds back its own messages and no one else's. A failed attempt
+puts the message back with an exponential, jittered delay (``RetryPolicy``: 5 s, 10 s, 20 s …
+capped at 10 min) and holds the target until then; once the budget (attempts or age) is spent
+the message is marked ``failed``, counted, and queued once for the target's fallback.
+
+A target's URLs are resolved when a message is sent (``Resolver``: target name → URLs, read
+from the config's secrets), so a rotated token is picked up without a restart, and they are
+never stored or logged: apprise's own logger is kept out of ours (its debug lines carry URLs),
+urllib3's request lines are scrubbed, and every error is redacted before it is logged or stored.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import random
+import re
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from gpuwarden.clock import Clock, SystemClock
+from gpuwarden.journal_records import redact_text
+from gpuwarden.journal_schema import JournalError
+from gpuwarden.notify.outbox import Outbox, OutboxRow, clean_error
+from gpuwarden.notify.routing import redact_url
+
+if TYPE_CHECKING:
+    import apprise
+
+logger = logging.getLogger(__name__)
+
+Resolver = Callable[[str], list[str]]
+"""Target name → its apprise URLs; raises ``KeyError`` for a target not in the config."""
+Fallback = Callable[[str], str | None]
+"""Target name → the target to try when its budget is spent (None: no fallback)."""
+
+REDACTED = "***"
+_HOST = re.compile(r"(?i)^(localhost|[0-9.]+|\[[0-9a-f:.]+\]|(?:[a-z0-9-]+\.)+[a-z]{2,})$")
+
+
+# -- redaction --------------------------------------------------------------------------------
+
+
+def secret_parts(url: str) -> set[str]:
+    """The pieces of ``url`` that may be secret (user, password, a host that is no host name,
+    path segments, query values), each as written and percent-decoded."""
+    found: set[str] = set()
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError:
+        return {url}
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    found.update(userinfo.split(":"))
+    if not _HOST.match(hostport.partition(":")[0]):
+        found.add(hostport)
+        found.update(hostport.split(":"))
+    found.update(parts.path.split("/"))
+    found.update(v for _, v in urllib.parse.parse_qsl(parts.query))
+    decoded = {urllib.parse.unquote(p) for p in found}
+    return {p for p in found | decoded if len(p) >= 6}
+
+
+class Scrubber(logging.Filter):
+    """Masks the secret pieces of every URL the sender has used in log records (installed on
+    apprise's logger and on urllib3's request logger, whose debug lines name the request path,
+    where webhook tokens live). It never drops a record: apprise reads its own records back
+    to report what went wrong."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._secrets: set[str] = set()
+        self._lock = threading.Lock()
+
+    def learn(self, urls: Iterable[str]) -> None:
+        with self._lock:
+            for url in urls:
+                self._secrets |= secret_parts(url)
+
+    def scrub(self, text: str) -> str:
+        with self._lock:
+            secrets = sorted(self._secrets, key=len, reverse=True)
+        for secret in secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        clean = redact_text(self.scrub(text))
+        if clean != text:
+            record.msg, record.args = clean, None
+        return True
+
+
+SCRUBBER = Scrubber()
+_quiet = threading.Lock()
+_QUIETED = threading.Event()
+
+
+def quiet_apprise() -> None:
+    """Keep apprise's log lines (they print URLs) out of ours, and scrub the secrets out of
+    them and out of urllib3's (for handlers attached to those loggers directly); idempotent.
+    What apprise says about a failure still reaches us through its result, redacted."""
+    with _quiet:
+        if _QUIETED.is_set():
+            return
+        quiet = logging.getLogger("apprise")
+        quiet.propagate = False
+        quiet.addHandler(logging.NullHandler())
+        quiet.addFilter(SCRUBBER)  # for any handler attached to apprise's logger directly
+        logging.getLogger("urllib3.connectionpool").addFilter(SCRUBBER)
+        _QUIETED.set()
+
+
+# -- one delivery -----------------------------------------------------------------------------
+
+
+class UrlResult(NamedTuple):
+    url: str  # redacted
+    ok: bool
+    detail: str
+
+
+def notify_type(severity: str, kind: str) -> str:
+    if kind.startswith("resolve"):
+        return "success"
+    return {"critical": "failure", "warning": "warning"}.get(severity, "info")
+
+
+def _detail(result: apprise.AppriseResult, urls: Iterable[str]) -> str:
+    said = [e.message for e in result.logs() if e.level in ("WARNING", "ERROR", "CRITICAL")]
+    text = "; ".join(dict.fromkeys(said)) or f"apprise: {result.status.name.lower()}"
+    return _clean(text, urls)
+
+
+def _clean(text: str, urls: Iterable[str]) -> str:
+    pieces: set[str] = set()
+    for url in urls:
+        pieces |= secret_parts(url)
+        text = text.replace(url, redact_url(url))
+    for piece in sorted(pieces, key=len, reverse=True):
+        text = text.replace(piece, REDACTED)
+    return clean_error(SCRUBBER.scrub(text))
+
+
+def deliver(
+    urls: list[str], title: str, body: str, kind: str, body_format: str, timeout: float
+) -> tuple[bool, str]:
+    """Send one message to all of ``urls`` with one ``Apprise``; (ok, redacted detail)."""
+    quiet_apprise()
+    import apprise  # here, not at the top: loading its plugins takes a quarter second
+
+    SCRUBBER.learn(urls)
+    sender = apprise.Apprise()
+    for number, url in enumerate(urls, start=1):
+        if not sender.add(url):
+            return False, f"URL {number} ({redact_url(url)}) is not a valid apprise URL"
+    if not urls:
+        return False, "the target has no URLs"
+    try:
+        result = sender.notify(
+            body=body, title=title, notify_type=kind, body_format=body_format, timeout=timeout
+        )
+    except Exception as exc:  # apprise should not raise; a plugin bug must not kill a worker
+        return False, _clean(f"{type(exc).__name__}: {exc}", urls)
+    if result:
+        return True, "sent"
+    return False, _detail(result, urls)
+
+
+def send_test(
+    target: str, resolver: Resolver, *, timeout: float = 10.0, title: str | None = None
+) -> list[UrlResult]:
+    """``gpuwarden notify-test``: one test message to each of the target's URLs, each with its
+    own ``Apprise``; one result per URL (its redacted form, ok, what went wrong)."""
+    try:
+        urls = resolver(target)
+    except KeyError:
+        return [UrlResult(target, False, f"no notify target {target!r} in the config")]
+    except Exception as exc:
+        return [UrlResult(target, False, clean_error(f"cannot read the target's URLs: {exc}"))]
+    if not urls:
+        return [UrlResult(target, False, "the target has no URLs")]
+    heading = title or f"gpuwarden test message for target {target}"
+    body = "If you can read this, gpuwarden can reach you through this URL."
+    out: list[UrlResult] = []
+    for url in urls:
+        ok, detail = deliver([url], heading, body, "info", "text", timeout)
+        out.append(UrlResult(redact_url(url), ok, detail))
+    return out
+
+
+# -- the thread -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When to try again, and when to give up (``max_attempts`` or ``max_age`` seconds since
+    the message was queued, whichever comes first)."""
+
+    base: float = 5.0
+    factor: float = 2.0
+    cap: float = 600.0
+    jitter: float = 0.2  # a delay is shortened by up to this share, at random
+    max_attempts: int = 10
+    max_age: float = 3600.0
+
+    def delay(self, attempts: int, rng: random.Random) -> float:
+        """Seconds to wait after the ``attempts``-th failed attempt (1, 2, ...)."""
+        plain = min(self.base * self.factor ** max(attempts - 1, 0), self.cap)
+        return plain * (1.0 - self.jitter * rng.random())
+
+    def spent(self, row: OutboxRow, now: float) -> bool:
+        return row.attempts >= self.max_attempts or now - row.queued_at >= self.max_age
+
+
+class Sender:
+    """Delivers the outbox in the background: ``start()``, ``wake()`` after a ``put``,
+    ``stop(timeout)``. ``deliver_due()`` does one round in the caller's thread (tests, drills).
+    Counters (``sent``, ``retried``, ``failed``, ``dropped``) are for metrics."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        resolver: Resolver,
+        *,
+        fallback: Fallback | None = None,
+        policy: RetryPolicy | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        timeout: float = 30.0,
+        workers: int = 4,
+        poll: float = 1.0,
+        batch: int = 20,
+    ) -> None:
+        self.outbox = outbox
+        self.resolver = resolver
+        self.fallback = fallback or (lambda _target: None)
+        self.policy = policy or RetryPolicy()
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
+        self.timeout = timeout
+        self.poll = poll
+        self.batch = batch
+        self.sent = self.retried = self.failed = self.dropped = 0
+        self._workers = workers
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._busy: set[str] = set()
+        self._held: dict[str, float] = {}  # target → not before (it failed until then)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        quiet_apprise()
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Put messages left in flight by a stopped daemon back in the queue, then start."""
+        if self._thread is not None:
+            raise RuntimeError("the sender is already running")
+        again = self.outbox.recover()
+        if again:
+            logger.warning("notify outbox recovered=%d (in flight when the daemon stopped)", again)
+        self._stop.clear()
+        self._pool = self._new_pool()
+        self._thread = threading.Thread(target=self._run, name="gpuwarden-sender", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Something was queued: look at the outbox now rather than at the next poll."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop; wait up to ``timeout`` for deliveries in flight. False if some still run (their
+        rows stay ``sending`` and go back to ``pending`` at the next start)."""
+        self._stop.set()
+        self._wake.set()
+        thread, pool = self._thread, self._pool
+        if thread is not None:
+            thread.join(timeout)
+        done = thread is None or not thread.is_alive()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+            with self._lock:
+                running = list(self._futures)
+            _finished, late = concurrent.futures.wait(running, timeout=timeout)
+            done = done and not late
+        self._thread = self._pool = None
+        return done
+
+    def _new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        self._futures: set[concurrent.futures.Future[int]] = set()
+        return concurrent.futures.ThreadPoolExecutor(self._workers, "gpuwarden-notify")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._dispatch()
+            except JournalError as exc:
+                logger.error("notify outbox error=%s", clean_error(exc.render()))
+            except Exception:
+                logger.exception("notify sender round failed")
+            self._wake.wait(self._idle())
+            self._wake.clear()
+
+    def _idle(self) -> float:
+        try:
+            due = self.outbox.next_due()
+        except JournalError:
+            return self.poll
+        if due is None:
+            return self.poll
+        return min(self.poll, max(due - self.clock.now(), 0.01))
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def _targets_due(self) -> dict[str, list[OutboxRow]]:
+        now = self.clock.now()
+        by_target: dict[str, list[OutboxRow]] = {}
+        with self._lock:
+            for row in self.outbox.due(now, limit=self.batch * 10):
+                if row.target in self._busy or self._held.get(row.target, 0.0) > now:
+                    continue
+                rows = by_target.setdefault(row.target, [])
+                if len(rows) < self.batch:
+                    rows.append(row)
+            self._busy.update(by_target)
+        return by_target
+
+    def _dispatch(self) -> None:
+        pool = self._pool
+        if pool is None:
+            return
+        for target, rows in self._targets_due().items():
+            future = pool.submit(self._deliver_target, target, rows)
+            with self._lock:
+                self._futures.add(future)
+            future.add_done_callback(self._forget)
+
+    def _forget(self, future: concurrent.futures.Future[int]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+        self._wake.set()  # a target is free again: it may have more due
+
+    def deliver_due(self) -> int:
+        """One round in the caller's thread: every target with due messages, one after the
+        other. Returns how many attempts were made."""
+        made = 0
+        for target, rows in self._targets_due().items():
+            made += self._deliver_target(target, rows)
+        return made
+
+    def _deliver_target(self, target: str, rows: list[OutboxRow]) -> int:
+        made = 0
+        try:
+            for row in rows:
+                if self._stop.is_set() and self._thread is not None:
+                    break
+                made += 1
+                if not self._attempt(row):
+                    break  # the target is down: its other messages wait with it
+        except JournalError as exc:
+            logger.error("notify outbox error=%s", clean_error(exc.render()))
+        except Exception:
+            logger.exception("notify delivery to target=%s failed unexpectedly", target)
+        finally:
+            with self._lock:
+                self._busy.discard(target)
+        return made
+
+    def _attempt(self, row: OutboxRow) -> bool:
+        """Send one row; True when it was sent (or can never be: dropped)."""
+        if not self.outbox.claim(row.key):
+            return True  # someone else took it, or it is no longer pending
+        try:
+            urls = list(self.resolver(row.target))
+        except KeyError:
+            self.outbox.mark_dropped(row.key, f"no notify target {row.target!r} in the config")
+            self.dropped += 1
+            logger.warning(
+                "notify dropped message=%s target=%s reason=unknown_target",
+                row.message_id,
+                row.target,
+            )
+            return True
+        except Exception as exc:
+            ok, detail = False, f"cannot read the target's URLs: {exc}"
+            urls = []
+        else:
+            kind = notify_type(row.severity, row.kind)
+            ok, detail = deliver(urls, row.title, row.body, kind, row.body_format, self.timeout)
+        now = self.clock.now()
+        if ok:
+            self.outbox.mark_sent(row.key, now)
+            self.sent += 1
+            with self._lock:
+                self._held.pop(row.target, None)
+            logger.info(
+                "notify sent message=%s target=%s attempts=%d",
+                row.message_id,
+                row.target,
+                row.attempts + 1,
+            )
+            return True
+        self._failed(row, now, _clean(detail, urls))
+        return False
+
+    def _failed(self, row: OutboxRow, now: float, detail: str) -> None:
+        attempts = row.attempts + 1
+        spent = self.policy.spent(dataclasses.replace(row, attempts=attempts), now)
+        if not spent:
+            next_at = now + self.policy.delay(attempts, self.rng)
+            self.outbox.mark_retry(row.key, detail, next_at)
+            self.retried += 1
+            with self._lock:
+                self._held[row.target] = next_at
+            logger.warning(
+                "notify retry message=%s target=%s attempts=%d next_in=%.1fs error=%s",
+                row.message_id,
+                row.target,
+                attempts,
+                next_at - now,
+                detail,
+            )
+            return
+        self.outbox.mark_failed(row.key, detail)
+        self.failed += 1
+        with self._lock:
+            self._held.pop(row.target, None)  # its next message gets its own chance
+        fallback = None if row.fallback_of is not None else self.fallback(row.target)
+        queued = False
+        if fallback is not None and fallback != row.target:
+            queued = self.outbox.put(_Copy.of(row), now, target=fallback, fallback_of=row.target)
+        logger.error(
+            "notify failed message=%s target=%s attempts=%d fallback=%s error=%s",
+            row.message_id,
+            row.target,
+            attempts,
+            fallback if queued else "none",
+            detail,
+        )
+        if queued:
+            self.wake()
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """A stored row as a message again (to queue it for a fallback target)."""
+
+    id: str
+    target: str
+    title: str
+    body: str
+    severity: str
+    kind: str
+    created: float
+    body_format: str
+    incidents: tuple[str, ...]
+
+    @classmethod
+    def of(cls, r: OutboxRow) -> _Copy:
+        return cls(
+            r.message_id,
+            r.target,
+            r.title,
+            r.body,
+            r.severity,
+            r.kind,
+            r.created,
+            r.body_format,
+            r.incidents,
+        )
