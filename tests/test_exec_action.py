@@ -390,21 +390,17 @@ def test_one_log_line_per_run_without_control_characters(
     assert all(ch.isprintable() for ch in lines[0])
 
 
-# -- notify and provision: placeholders until their issue lands -----------------------------------
+# -- notify (the notifier does the rest) and provision (a placeholder) ----------------------------
 
 
-def test_notify_records_honestly_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_notify_records_the_step_and_finishes_at_once(caplog: pytest.LogCaptureFixture) -> None:
     intent = make_intent(NotifyParams(targets=("oncall", "chat")), kind="notify")
-    warned_before = notify.WARNED.is_set()  # once per process: an earlier test may have
     with caplog.at_level(logging.INFO):
         first = notify.execute(intent, make_ctx())
         second = notify.execute(intent, make_ctx())
     assert first == second
     assert first.ok
-    assert first.detail == "recorded; notification delivery is not built yet"
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == (0 if warned_before else 1)
-    assert notify.WARNED.is_set()
+    assert first.detail == notify.QUEUED
     lines = [r.getMessage() for r in caplog.records if r.name == "gpuwarden.action"]
     assert len(lines) == 2
     assert all("action=notify" in line and "targets=oncall,chat" in line for line in lines)

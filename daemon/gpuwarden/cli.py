@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -134,6 +135,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     drill.add_argument("--json", action="store_true", help="one JSON object per line")
     drill.add_argument(
+        "--notify",
+        action="store_true",
+        help="really deliver the messages, marked [DRILL], to the config's targets",
+    )
+    drill.add_argument(
         "--tick",
         type=_duration,
         metavar="D",
@@ -224,13 +230,19 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if args.tick is not None and args.tick <= 0:
         raise UsageError("--tick must be positive")
     summary = drill.Summary()
-    for record in drill.run(args.scenario, cfg, playbooks, tick=args.tick, summary=summary):
+    outbox_dir = tempfile.TemporaryDirectory(prefix="gpuwarden-drill-") if args.notify else None
+    notify = Path(outbox_dir.name) / "journal.db" if outbox_dir else None
+    for record in drill.run(
+        args.scenario, cfg, playbooks, tick=args.tick, summary=summary, notify=notify
+    ):
         if args.json:
             print(json.dumps(record), flush=False)
         else:
             print(drill.render_record(record))
     if not args.json:
         print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+    if outbox_dir is not None:
+        outbox_dir.cleanup()
     return ExitCode.OK
 
 
@@ -353,6 +365,18 @@ def cmd_incident(args: argparse.Namespace) -> int:
     return cli_run.cmd_incident(args, _load_config(args.config))
 
 
+def cmd_ack(args: argparse.Namespace) -> int:
+    return cli_run.cmd_ack(args, _load_config(args.config))
+
+
+def cmd_notify_test(args: argparse.Namespace) -> int:
+    return cli_run.cmd_notify_test(args, _load_config(args.config))
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    return cli_run.cmd_outbox(args, _load_config(args.config))
+
+
 def cmd_reset_breaker(args: argparse.Namespace) -> int:
     return cli_run.cmd_reset_breaker(args, _load_config(args.config))
 
@@ -367,6 +391,9 @@ COMMANDS = {
     "incidents": cmd_incidents,
     "incident": cmd_incident,
     "reset-breaker": cmd_reset_breaker,
+    "ack": cmd_ack,
+    "notify-test": cmd_notify_test,
+    "outbox": cmd_outbox,
 }
 
 

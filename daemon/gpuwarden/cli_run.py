@@ -82,6 +82,33 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, duration: Any) -> No
     incident.add_argument("--state-dir", type=Path, metavar="DIR")
     incident.add_argument("--json", action="store_true")
 
+    ack = sub.add_parser(
+        "ack",
+        parents=[common],
+        help="record that a person has taken over",
+        description="Acknowledge an incident: reminders about it stop.",
+    )
+    ack.add_argument("id", metavar="ID", help="an incident id, a unique prefix of one, or last")
+    ack.add_argument("--state-dir", type=Path, metavar="DIR")
+
+    test = sub.add_parser(
+        "notify-test",
+        parents=[common],
+        help="send a test message to a notification target",
+        description="Send one test message to each URL of TARGET and report "
+        "the result per URL (exit 1 if any failed).",
+    )
+    test.add_argument("target", metavar="TARGET")
+
+    outbox = sub.add_parser(
+        "outbox",
+        parents=[common],
+        help="messages waiting or failed",
+        description="Show the notification outbox: pending and failed messages.",
+    )
+    outbox.add_argument("--state-dir", type=Path, metavar="DIR")
+    outbox.add_argument("--json", action="store_true")
+
     reset = sub.add_parser(
         "reset-breaker",
         parents=[common],
@@ -121,6 +148,17 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         from gpuwarden.actions.nvml_power import NvmlPower
 
         power = NvmlPower()
+    from gpuwarden.notify.service import Notifications
+
+    host = cfg.host or socket.gethostname()
+    notifications = Notifications(
+        cfg,
+        journal.path,
+        host=host,
+        clock=clock,
+        marker="[DRY-RUN]" if args.dry_run or cfg.dry_run else "",
+        descriptions={r.name: r.spec.description for r in playbooks.rules},
+    )
     runtime = Runtime(
         cfg,
         source,
@@ -130,7 +168,8 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         dry_run=args.dry_run,
         power=power,
         self_pid=os.getpid(),
-        host=cfg.host or socket.gethostname(),
+        host=host,
+        notifications=notifications,
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -190,13 +229,7 @@ def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
 
     journal = _readonly(args, cfg)
     try:
-        if args.id == "last":
-            rows = journal.incidents()
-            if not rows:
-                raise UsageError("the journal has no incidents yet")
-            incident = max(rows, key=lambda r: r.opened_at)
-        else:
-            incident = journal.find_incident(args.id)  # an id or a unique prefix of one
+        incident = _journal_target(journal, args.id)
         timeline = journal.timeline(incident.id)
     finally:
         journal.close()
@@ -220,4 +253,80 @@ def cmd_reset_breaker(args: argparse.Namespace, cfg: config.Config) -> int:
     finally:
         journal.close()
     print("circuit breaker reset: destructive steps may run again")
+    return ExitCode.OK
+
+
+def _journal_target(journal: Any, text: str) -> Any:
+    if text == "last":
+        rows = journal.incidents()
+        if not rows:
+            raise UsageError("the journal has no incidents yet")
+        return max(rows, key=lambda r: r.opened_at)
+    return journal.find_incident(text)  # an id or a unique prefix of one
+
+
+def cmd_ack(args: argparse.Namespace, cfg: config.Config) -> int:
+    from gpuwarden.journal import Journal
+
+    journal = Journal(_state_dir(args, cfg) / JOURNAL_NAME)
+    try:
+        incident = _journal_target(journal, args.id)
+        journal.ack(incident.id, time.time())
+    finally:
+        journal.close()
+    print(f"acknowledged {incident.id}: no more reminders about it")
+    return ExitCode.OK
+
+
+def cmd_notify_test(args: argparse.Namespace, cfg: config.Config) -> int:
+    from gpuwarden.notify.service import test_target
+
+    results = test_target(cfg, args.target)
+    for result in results:
+        status = "ok  " if result.ok else "FAIL"
+        detail = f": {result.detail}" if result.detail and not result.ok else ""
+        print(f"{status} {result.url}{detail}")
+    return ExitCode.OK if results and all(r.ok for r in results) else ExitCode.FAILURE
+
+
+def cmd_outbox(args: argparse.Namespace, cfg: config.Config) -> int:
+    from gpuwarden.notify.outbox import Outbox
+
+    path = _state_dir(args, cfg) / JOURNAL_NAME
+    if not path.exists():
+        raise UsageError(f"no journal at {path}", "pass --state-dir, or start the daemon once")
+    outbox = Outbox(path)
+    try:
+        rows = outbox.pending() + outbox.failed()
+        counts = outbox.counts()
+    finally:
+        outbox.close()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "version": 1,
+                    "counts": counts,
+                    "messages": [
+                        {
+                            "message_id": r.message_id,
+                            "target": r.target,
+                            "status": r.status,
+                            "title": r.title,
+                            "attempts": r.attempts,
+                            "last_error": r.last_error,
+                            "next_attempt_at": r.next_attempt_at,
+                        }
+                        for r in rows
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return ExitCode.OK
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "empty"
+    print(f"outbox: {summary}")
+    for r in rows:
+        error = f" — {r.last_error}" if r.last_error else ""
+        print(f"  {r.status:<8} {r.target:<12} attempts {r.attempts}  {r.title}{error}")
     return ExitCode.OK

@@ -31,6 +31,8 @@ class Summary:
     steps: dict[str, int] = field(default_factory=dict)
     targets: set[int] = field(default_factory=set)
     open_at_end: list[str] = field(default_factory=list)
+    notified: int = 0  # messages delivered (drill --notify)
+    notify_queued: int = 0
 
 
 def _target(target: Target, source: ScenarioSource) -> dict[str, Any]:
@@ -95,21 +97,44 @@ def run(
     *,
     tick: float | None = None,
     summary: Summary | None = None,
+    notify: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Yield the drill's timeline, one record at a time (see docs/playbooks.md, "Drills")."""
+    """Yield the drill's timeline, one record at a time (see docs/playbooks.md, "Drills").
+
+    With ``notify`` (a journal file for the drill's own outbox) the messages the run would send
+    are really delivered to the config's targets, marked ``[DRILL]``; otherwise nobody is told.
+    """
     interval = tick or config.tick
     summary = summary if summary is not None else Summary()
     began = time.perf_counter()
     with ScenarioSource.open(scenario, priorities=config.priorities, spawn=False) as source:
         engine = Engine(playbooks, config)
         clock = SimClock(start=source.start_time)
+        told = None
+        if notify is not None:
+            from gpuwarden.notify.service import FLUSH_AHEAD, Notifications
+
+            told = Notifications(
+                config,
+                notify,
+                host=source.scenario.host,
+                marker="[DRILL]",
+                background=False,
+                clock=clock,
+                descriptions={r.name: r.spec.description for r in playbooks.rules},
+            )
         steps = int(source.duration / interval + 1e-9)
         for n in range(steps + 1):
             now = source.start_time + n * interval
             clock.advance(now - clock.now())
             t = now - source.start_time
-            result = engine.step(source.snapshot(now), now)
+            snapshot = source.snapshot(now)
+            result = engine.step(snapshot, now)
             summary.ticks += 1
+            if told is not None:
+                told.observe(
+                    result.records, snapshot.gpus, {i.id: i.gpu for i in engine.incidents}, now
+                )
             for item in result.records:
                 if isinstance(item, RuleChange):
                     if item.kind == "firing":
@@ -137,11 +162,19 @@ def run(
                 if intent.kind == "kill" and not intent.shadow:
                     for target in intent.targets:
                         source.vanish(target.pid)
-                engine.complete(
-                    intent.id, Outcome(ok=True, dry_run=True, detail="drill: simulated")
-                )
+                outcome = Outcome(ok=True, dry_run=True, detail="drill: simulated")
+                engine.complete(intent.id, outcome)
+                if told is not None:
+                    told.observe_outcome(intent, outcome, now)
+            if told is not None:
+                told.flush(now)
         summary.simulated_s = steps * interval
         summary.open_at_end = [i.id for i in engine.incidents]
+        if told is not None:
+            told.flush(clock.now() + FLUSH_AHEAD)
+            summary.notified = told.deliver_now()
+            summary.notify_queued = told.queued
+            told.close(clock.now())
     summary.wall_s = time.perf_counter() - began
 
 
@@ -196,4 +229,9 @@ def render_summary(summary: Summary, scenario: str, rules: int) -> str:
         f"{len(summary.open_at_end)}",
         f"  steps: {steps}; processes targeted: {len(summary.targets)}",
     ]
+    if summary.notify_queued:
+        lines.append(
+            f"  notifications: {summary.notified} of {summary.notify_queued} "
+            "[DRILL] message(s) delivered (the rest: `gpuwarden outbox`)"
+        )
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
 from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Transition, Undo
+from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.safety import Rails
 from gpuwarden.sources import Source
@@ -56,6 +57,7 @@ class Runtime:
         power: PowerControl | None = None,
         self_pid: int | None = None,
         host: str = "",
+        notifications: Notifications | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -64,6 +66,7 @@ class Runtime:
         self.dry_run = dry_run or config.dry_run
         self.power = power
         self.host = host
+        self.notifications = notifications
         self.engine = Engine(playbooks, config, self_pid=self_pid)
         self.rails = Rails(config.safety, journal)
         self.pool = ThreadPoolExecutor(config.safety.workers, thread_name_prefix="gpuwarden-step")
@@ -135,6 +138,10 @@ class Runtime:
         # Written before anything is acted on; an intent the journal already holds (a step a
         # previous run planned) comes back refused and is never run twice.
         written = self.journal.record_all(result.records, now, self.engine.incidents)
+        if self.notifications is not None:
+            self.notifications.observe(
+                written, snapshot.gpus, {i.id: i.gpu for i in self.engine.incidents}, now
+            )
         for record in written:
             if isinstance(record, Intent):
                 self._dispatch(record, now)
@@ -145,6 +152,11 @@ class Runtime:
                 log.warning(
                     "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
                 )
+        if self.notifications is not None:
+            for row in self.journal.incidents(open_only=True):
+                if row.acked_at is not None:  # `gpuwarden ack` from another process
+                    self.notifications.ack(row.id, now)
+            self.notifications.flush(now)
         return result
 
     def _dispatch(self, intent: Intent, now: float) -> None:
@@ -168,6 +180,13 @@ class Runtime:
                 "`gpuwarden reset-breaker`",
                 tripped,
             )
+            if self.notifications is not None:
+                self.notifications.admin(
+                    f"gpuwarden on {self.host}: circuit breaker tripped",
+                    f"{tripped}. Destructive steps are halted until someone runs "
+                    "`gpuwarden reset-breaker` on this host.",
+                    now,
+                )
         ctx = Context(
             dry_run=self.dry_run or intent.shadow,
             clock=self.clock,
@@ -229,6 +248,8 @@ class Runtime:
             self.stats.failed += 1
         self.journal.finish(intent.id, outcome, self.clock.now())
         self.engine.complete(intent.id, outcome)
+        if self.notifications is not None:
+            self.notifications.observe_outcome(intent, outcome, self.clock.now())
 
     # -- putting things back ----------------------------------------------------------------
 
@@ -316,3 +337,5 @@ class Runtime:
                 self._undo(row)
         with self._source_lock:
             self.source.close()
+        if self.notifications is not None:
+            self.notifications.close(self.clock.now())

@@ -336,7 +336,7 @@ def notice_facts(
         incidents=esc(_capped(ids)),
         count=str(len(ids)),
         opened=esc(local_time(first, tz)),
-        duration=esc(format_duration(notice.time - first)),
+        duration=esc(format_duration(_end(notice) - first)),
         values=_lines([esc(v) for v in values], body_format),
         actions=_lines([esc(a) for a in actions], body_format),
         changes=_lines([esc(c) for c in changes], body_format),
@@ -344,6 +344,13 @@ def notice_facts(
         ack=esc(f"gpuwarden ack {head}" + (" (one per incident)" if len(ids) > 1 else "")),
     )
     return facts
+
+
+def _end(notice: Notice) -> float:
+    """When what the message reports ended: the last resolve for a resolve message (it may go
+    out later, batched by ``group_interval``), the notice's own time otherwise."""
+    ends = [m.resolved for m in notice.members if m.resolved is not None]
+    return max(ends) if notice.kind == "resolve" and ends else notice.time
 
 
 def compose(

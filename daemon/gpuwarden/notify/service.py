@@ -1,0 +1,113 @@
+"""Notifications as the run loop and the drill use them: the notifier (what to say), the
+outbox in the journal file (nothing is lost) and the sender thread (delivery with retries).
+
+The loop calls ``observe`` with each tick's journaled records, ``observe_outcome`` as steps
+finish, and ``flush`` at the end of each tick; ``close`` at shutdown hands everything still due
+to the outbox, which a restarted daemon delivers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.clock import Clock
+from gpuwarden.config import Config
+from gpuwarden.model import GpuState, Intent, Outcome, RuleChange
+from gpuwarden.notify.messages import gpu_facts
+from gpuwarden.notify.notifier import Notifier
+from gpuwarden.notify.outbox import Outbox
+from gpuwarden.notify.routing import resolve_urls
+from gpuwarden.notify.sender import Sender, UrlResult, send_test
+
+FLUSH_AHEAD = 10 * 86400.0
+
+
+def resolver(config: Config) -> Any:
+    """Target name → its apprise URLs, secrets read now (from files or the environment)."""
+
+    def urls(name: str) -> list[str]:
+        target = config.notify.targets[name]  # KeyError: not a target (the sender drops it)
+        return resolve_urls(
+            target, os.environ, lambda p: Path(p).read_text(encoding="utf-8"), name=name
+        )
+
+    return urls
+
+
+def test_target(config: Config, name: str) -> list[UrlResult]:
+    """``gpuwarden notify-test``: one test message to each URL of the target."""
+    return send_test(name, resolver(config))
+
+
+class Notifications:
+    def __init__(
+        self,
+        config: Config,
+        journal_path: Path,
+        *,
+        host: str,
+        marker: str = "",
+        descriptions: dict[str, str] | None = None,
+        background: bool = True,
+        clock: Clock | None = None,
+    ) -> None:
+        self.notifier = Notifier(config, host=host, marker=marker, descriptions=descriptions)
+        self.outbox = Outbox(journal_path)
+        targets = config.notify.targets
+        self.sender = Sender(
+            self.outbox,
+            resolver(config),
+            clock=clock,
+            fallback=lambda name: targets[name].fallback if name in targets else None,
+        )
+        self.background = background
+        self.queued = 0
+        if background:
+            self.sender.start()
+
+    def observe(
+        self,
+        records: Sequence[RuleChange | Intent],
+        gpus: Iterable[GpuState],
+        incident_gpus: dict[str, int | None],
+        now: float,
+    ) -> None:
+        by_index = {g.index: g for g in gpus}
+        facts = {
+            incident: gpu_facts(by_index[index])
+            for incident, index in incident_gpus.items()
+            if index is not None and index in by_index
+        }
+        self.notifier.observe(records, now, incidents=facts)
+
+    def observe_outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
+        self.notifier.observe_outcome(intent, outcome, now)
+
+    def ack(self, incident: str, now: float) -> bool:
+        return self.notifier.ack(incident, now)
+
+    def admin(self, title: str, body: str, now: float) -> None:
+        self.notifier.admin(title, body, now, severity="critical")
+
+    def flush(self, now: float) -> int:
+        """Write what is due to the outbox (before anything is sent) and wake the sender."""
+        added = sum(1 for message in self.notifier.due(now) if self.outbox.put(message, now))
+        self.queued += added
+        if added and self.background:
+            self.sender.wake()
+        return added
+
+    def deliver_now(self) -> int:
+        """One delivery round in this thread (drills, which have no sender thread)."""
+        return self.sender.deliver_due()
+
+    def close(self, now: float) -> None:
+        # Groups live in memory: at a stop, whatever they hold goes to the outbox now rather
+        # than waiting for group_wait / group_interval and being lost.
+        self.flush(now + FLUSH_AHEAD)
+        if self.background:
+            self.sender.stop()
+        self.outbox.close()
