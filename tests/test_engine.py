@@ -31,6 +31,7 @@ from gpuwarden.model import (
     Reason,
     RuleChange,
     Snapshot,
+    Transition,
 )
 from gpuwarden.playbook.loader import PlaybookSet, load
 
@@ -890,3 +891,27 @@ def test_incidents_opened_within_one_second_have_distinct_ids(tmp_path: Path) ->
     assert len(set(fired)) == 3
     assert len(set(intent_ids)) == 3
     assert [i.id for i in engine.incidents] == [fired[-1]]
+
+
+def test_pause_on_ack_holds_the_ladder_but_not_resolution(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(
+        "rules:\n"
+        "  - name: paused\n"
+        "    for_each: gpu\n"
+        "    when: gpu.memory.used_pct >= 95\n"
+        "    pause_on_ack: true\n"
+        "    steps:\n"
+        "      - notify: oncall\n"
+        "      - {after: 1m, notify: oncall}\n"
+    )
+    cfg = Config.model_validate({"notify": {"targets": {"oncall": {"urls": ["json://x"]}}}})
+    engine = Engine(load([tmp_path / "p.yaml"], cfg), cfg)
+    first = engine.step(snap(gpu(0, 96)), T0)
+    (incident,) = engine.incidents
+    assert [i.step for i in first.intents] == [0]
+    engine.ack(incident.id)
+    held = engine.step(snap(gpu(0, 96)), T0 + 120)
+    assert held.intents == ()
+    assert [(c.kind, c.reason) for c in held.changes] == [(Transition.WAITING, Reason.ACKNOWLEDGED)]
+    done = engine.step(snap(gpu(0, 50)), T0 + 130)
+    assert [c.kind for c in done.changes] == [Transition.RESOLVED]

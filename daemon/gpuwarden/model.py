@@ -254,6 +254,7 @@ class Reason(enum.StrEnum):
     INACTIVE_WINDOW = "inactive_window"  # outside the rule's `active` time window
     STEP_DUE = "step_due"  # a ladder step's time came
     CONDITION_NOT_HOLDING = "condition_not_holding"  # a due step waits: `when` is false now
+    ACKNOWLEDGED = "acknowledged"  # a due step waits: a person took over (pause_on_ack)
     SHADOW = "shadow"  # the rule is in shadow mode: recorded, never acted on
     PROTECTED = "protected"  # a candidate is protected by the config
     ALREADY_TARGETED = "already_targeted"  # a candidate was already targeted by such a step

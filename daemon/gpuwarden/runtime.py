@@ -133,6 +133,11 @@ class Runtime:
         self._drain()
         with self._source_lock:
             snapshot = self.source.snapshot(now)
+        for row in self.journal.incidents(open_only=True):
+            if row.acked_at is not None:  # `gpuwarden ack`, from another process
+                self.engine.ack(row.id)
+                if self.notifications is not None:
+                    self.notifications.ack(row.id, now)
         result = self.engine.step(snapshot, now)
         self.stats.ticks += 1
         # Written before anything is acted on; an intent the journal already holds (a step a
@@ -153,9 +158,6 @@ class Runtime:
                     "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
                 )
         if self.notifications is not None:
-            for row in self.journal.incidents(open_only=True):
-                if row.acked_at is not None:  # `gpuwarden ack` from another process
-                    self.notifications.ack(row.id, now)
             self.notifications.flush(now)
         return result
 

@@ -55,6 +55,7 @@ class Engine:
         self._last_run: dict[str, float] = {}
         self._intents: dict[str, tuple[Incident, int, Intent]] = {}
         self._killed: set[tuple[int, float | None]] = set()
+        self._acked: set[str] = set()
         # Incident ids opened within the current second (ids are stamped to the second).
         self._id_second = ""
         self._ids: dict[str, int] = {}
@@ -127,6 +128,11 @@ class Engine:
     @property
     def incidents(self) -> list[Incident]:
         return [s.incident for s in self._states.values() if s.incident is not None]
+
+    def ack(self, incident_id: str) -> None:
+        """A person took over the incident: a rule with ``pause_on_ack`` runs no further step
+        of it (the incident still resolves as usual)."""
+        self._acked.add(incident_id)
 
     def complete(self, intent_id: str, outcome: Outcome) -> None:
         """An executor finished an intent; the ladder may move on."""
@@ -483,7 +489,8 @@ class Engine:
                 return  # the step before is still running
             if now < incident.opened + step.spec.after:
                 return
-            if not holds:
+            paused = rule.spec.pause_on_ack and incident.id in self._acked
+            if not holds or paused:
                 if incident.waiting_noted != index:
                     incident.waiting_noted = index
                     changes.append(
@@ -492,7 +499,7 @@ class Engine:
                             rule.name,
                             incident.scope,
                             now,
-                            Reason.CONDITION_NOT_HOLDING,
+                            Reason.ACKNOWLEDGED if paused else Reason.CONDITION_NOT_HOLDING,
                             incident.id,
                             step.spec.label,
                             where=incident.label,

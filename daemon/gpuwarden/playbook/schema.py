@@ -256,6 +256,7 @@ class Rule(_Strict):
     severity: Severity = "warning"
     labels: dict[str, str] = Field(default_factory=dict)
     mode: Literal["enforce", "shadow"] = "enforce"
+    pause_on_ack: bool = False  # once a person acknowledges the incident, run no further step
     steps: tuple[Step, ...] = ()
 
     @model_validator(mode="after")
