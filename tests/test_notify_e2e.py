@@ -112,3 +112,25 @@ def test_notify_test_against_a_live_and_a_dead_receiver(
     unknown = gpuwarden(tmp_path, receiver.url("x"), "notify-test", "nobody")
     assert unknown.returncode == 1
     assert "no notify target 'nobody'" in unknown.stdout
+
+
+def test_a_target_from_an_apprise_config_file_with_tags(
+    tmp_path: Path, receiver: JsonReceiver
+) -> None:
+    conf = tmp_path / "apprise.yml"
+    conf.write_text(
+        f"version: 1\nurls:\n  - {receiver.url('gpu')}:\n      - tag: gpu\n"
+        f"  - {receiver.url('other')}:\n      - tag: other\n"
+    )
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"notify:\n  targets:\n    team:\n      config: {conf}\n      tags: [gpu]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "notify-test", "team", "--config", str(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [d["path"] for d in receiver.received] == ["/gpu"]

@@ -30,11 +30,35 @@ def resolver(config: Config) -> Any:
 
     def urls(name: str) -> list[str]:
         target = config.notify.targets[name]  # KeyError: not a target (the sender drops it)
-        return resolve_urls(
+        found = resolve_urls(
             target, os.environ, lambda p: Path(p).read_text(encoding="utf-8"), name=name
         )
+        if target.config is not None:
+            found += config_urls(target.config, target.tags)
+        return found
 
     return urls
+
+
+def config_urls(path: Path, tags: Sequence[str]) -> list[str]:
+    """The URLs of an apprise configuration file (text or YAML), only those carrying one of
+    ``tags`` when tags are given (apprise's own tag filter)."""
+    import apprise
+
+    parsed = apprise.AppriseConfig()
+    if not parsed.add(str(path)):
+        raise ValueError(f"cannot read the apprise config {path}")
+    services = apprise.Apprise()
+    services.add(parsed)
+    wanted = set(tags)
+    found: list[str] = []
+    for service in services:
+        if not wanted or wanted & {str(t) for t in service.tags}:
+            found.append(str(service.url(privacy=False)))  # type: ignore[no-untyped-call]
+    if not found:
+        raise ValueError(f"the apprise config {path} holds no URL"
+                         + (f" tagged {', '.join(sorted(wanted))}" if wanted else ""))
+    return found
 
 
 def test_target(config: Config, name: str) -> list[UrlResult]:
