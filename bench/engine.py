@@ -1,0 +1,389 @@
+"""Engine benchmarks: what one tick costs against GPUs x processes x rules.
+
+    python bench/engine.py              # every shape, steady, and one with ~10% firing
+    python bench/engine.py --profile    # where a tick spends its time (cProfile)
+
+Ticks run the real ``Engine`` over playbooks generated into a temporary directory and loaded
+by ``gpuwarden.playbook.loader.load``, with the shipped config, on snapshots built from the
+model on a simulated clock (one tick a second), after 60 warm-up ticks. Each run reports the
+median of five rounds and the fastest and slowest round. Nothing is asserted: the figures are
+printed next to their target, 1 ms a tick at 8 x 64 x 30 (docs/performance.md). Drill
+throughput is in bench/throughput.py.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import datetime as dt
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from string import Template
+
+from gpuwarden import config as config_module
+from gpuwarden.config import Config
+from gpuwarden.engine.engine import Engine
+from gpuwarden.model import (
+    Event,
+    EventKind,
+    GpuProcess,
+    GpuState,
+    Intent,
+    Memory,
+    Outcome,
+    ProcessInfo,
+    RemappedRows,
+    Snapshot,
+)
+from gpuwarden.playbook import loader
+from gpuwarden.playbook.loader import PlaybookSet
+from run import ROOT, Timing, banner, from_samples, header
+
+# Monday 30 November 2026, 10:00 UTC: inside the working-hours window some rules use.
+START = dt.datetime(2026, 11, 30, 10, 0, tzinfo=dt.UTC).timestamp()
+TOTAL_MIB = 81559
+WAVE = 30  # snapshots repeat their jitter every WAVE ticks
+PERIOD = 240  # firing runs: the hot GPU moves on every PERIOD ticks
+TICK_TARGET_S = 1e-3  # 8 GPUs x 64 processes x 30 rules
+PRIORITIES = ("normal", "high", "normal", "low", "normal", "scavenger", "normal", "high")
+
+# (gpus, processes, rules): the target shape first, then one dimension at a time, then both.
+SHAPES = (
+    (8, 64, 30),
+    (8, 256, 30),
+    (8, 1024, 30),
+    (8, 64, 100),
+    (16, 256, 60),
+    (16, 1024, 100),
+)
+
+
+# -- playbooks ------------------------------------------------------------------------------
+
+# Ten rule templates, used in turn: four per GPU, four per process, one per host, one per
+# event; history functions in four of them. ``$``-fields vary with the rule's number, so no
+# two rules of a set are the same text.
+TEMPLATES = (
+    """for_each: gpu
+when: gpu.memory.used_pct >= $pct
+for: 30s
+until: gpu.memory.used_pct < 85
+cooldown: 15m
+steps:
+  - notify: oncall
+  - checkpoint: {select: process.checkpointable, wait: 2m}
+  - after: 1m
+    kill: {select: process.priority <= low, order: [priority, -gpu_memory_mib],
+           free_until: gpu.memory.used_pct < $free, grace: 30s}""",
+    """for_each: gpu
+when: '"hw_thermal_slowdown" in gpu.throttle or gpu.temperature_c >= $temp'
+for: 1m
+until: gpu.temperature_c < 80 and not gpu.throttled
+steps: [{notify: oncall}, {after: 2m, power_cap: {percent: 80}}]""",
+    """for_each: gpu
+when: gpu.power_pct >= 95 and avg(gpu.power_w, ${window}m) >= $watts
+for: 30s
+steps: [{notify: chat}]""",
+    """for_each: gpu
+when: predict(gpu.memory.used_pct, 10m) >= 100 and gpu.memory.used_pct < 95
+for: 1m
+until: predict(gpu.memory.used_pct, 10m) < 90
+steps: [{notify: oncall}]""",
+    """for_each: process
+when: process.gpu_memory_mib >= $mib and held_for(process.idle) >= 1m
+cooldown: 6h
+steps: [{notify: oncall}, {after: 1m, kill: {select: process.priority <= low}}]""",
+    """for_each: process
+active: Mon-Fri 08:00-20:00
+when: process.priority <= low and process.cpu_pct >= $cpu
+for: 30s
+steps: [{notify: chat}, {after: 1m, renice: {nice: 19}}]""",
+    """for_each: process
+when: process.orphaned and process.gpu_memory_mib >= $mib
+for: 1m
+steps: [{notify: oncall}]""",
+    """for_each: process
+when: '"train.py" in process.cmdline and process.rss_mib >= $rss'
+for: 30s
+steps:
+  - notify: oncall
+  - checkpoint: {select: process.checkpointable and process.priority <= normal}""",
+    """for_each: host
+when: max(host.memory_used_pct, 5m) >= $host and host.gpus_lost == 0
+for: 1m
+steps: [{notify: oncall}]""",
+    """for_each: event
+when: >-
+  (event.kind == "xid" and event.xid in [48, 63, 64, 74, 79, 94, 95])
+  or event.kind == "gpu_lost"
+cooldown: 30m
+steps:
+  - notify: oncall
+  - checkpoint: {select: process.checkpointable and process.gpu == event.gpu}""",
+)
+
+
+def playbook_text(count: int) -> str:
+    lines = ["rules:"]
+    for i in range(count):
+        v = i // len(TEMPLATES)
+        body = Template(TEMPLATES[i % len(TEMPLATES)]).substitute(
+            pct=95 + v % 3,
+            free=80 - v % 3,
+            temp=88 + v % 3,
+            window=2 + v % 3,
+            watts=650 + v,
+            mib=1024 + v,
+            cpu=400 + v,
+            rss=65536 + v,
+            host=92 + v % 5,
+        )
+        lines += [f"  - name: bench-{i % len(TEMPLATES)}-{i:03d}", "    severity: warning"]
+        lines += [f"    {text}" for text in body.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def load_rules(count: int, cfg: Config, directory: Path) -> PlaybookSet:
+    path = directory / f"bench-{count}.yaml"
+    path.write_text(playbook_text(count), encoding="utf-8")
+    return loader.load([path], cfg)
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+
+class Machine:
+    """Snapshots of ``gpus`` GPUs shared by ``procs`` processes. With ``firing``, one GPU in
+    eight is *hot* (full, throttling, at its power limit) and so are its processes (idle, low
+    priority, busy on the CPU, large); which GPU is hot moves on every ``PERIOD`` ticks, and
+    an XID 79 on the hot GPU opens each period."""
+
+    def __init__(self, gpus: int, procs: int, *, firing: bool) -> None:
+        self.gpus, self.procs, self.firing = gpus, procs, firing
+        per_gpu = max(1, procs // gpus)
+        self.share = int(0.7 * TOTAL_MIB / per_gpu)
+        self.cool = [self._info(k) for k in range(procs)]
+        self.hot = [
+            replace(i, priority="low", cpu_pct=800.0, rss_mib=70000, checkpoint_signal="SIGUSR1")
+            for i in self.cool
+        ]
+        self._cache: dict[tuple[frozenset[int], int], Snapshot] = {}
+
+    @staticmethod
+    def _info(k: int) -> ProcessInfo:
+        user = k % 17
+        return ProcessInfo(
+            pid=100_000 + k,
+            name="python",
+            cmdline=("python", "train.py", "--rank", str(k)),
+            user=f"user{user}",
+            uid=2000 + user,
+            create_time=START - 86_400 - 60 * k,
+            status="running",
+            nice=0,
+            cpu_pct=95.0,
+            rss_mib=12_000,
+            slurm_job=str(50_000 + k // 8),
+            checkpoint_signal="SIGUSR1" if k % 2 == 0 else None,
+            priority=PRIORITIES[k % len(PRIORITIES)],
+        )
+
+    def hot_gpus(self, n: int) -> frozenset[int]:
+        if not self.firing:
+            return frozenset()
+        phase = (n // PERIOD) % 8
+        return frozenset(g for g in range(self.gpus) if (g + phase) % 8 == 0)
+
+    def snapshot(self, n: int, now: float) -> Snapshot:
+        hot = self.hot_gpus(n)
+        key = (hot, n % WAVE)
+        snap = self._cache.get(key)
+        if snap is None:
+            snap = self._cache[key] = self._build(hot, n % WAVE)
+        events: tuple[Event, ...] = ()
+        if hot and n % PERIOD == 0:
+            events = (Event(EventKind.XID, now, gpu=min(hot), xid=79, detail="bench"),)
+        return replace(snap, time=now, events=events)
+
+    def _build(self, hot: frozenset[int], wave: int) -> Snapshot:
+        procs: list[GpuProcess] = []
+        used = [800] * self.gpus
+        for k in range(self.procs):
+            gpu = k % self.gpus
+            mib = self.share + ((k * 7 + wave) % 11 - 5) * 16
+            used[gpu] += mib
+            is_hot = gpu in hot
+            procs.append(
+                GpuProcess(
+                    pid=100_000 + k,
+                    gpu=gpu,
+                    gpu_memory_mib=mib,
+                    info=self.hot[k] if is_hot else self.cool[k],
+                    sm_util_pct=0 if is_hot else 60 + (k + wave) % 30,
+                )
+            )
+        states = []
+        for g in range(self.gpus):
+            is_hot = g in hot
+            mem = int(0.98 * TOTAL_MIB) if is_hot else min(used[g], TOTAL_MIB)
+            states.append(
+                GpuState(
+                    index=g,
+                    name="NVIDIA H100 80GB HBM3",
+                    uuid=f"GPU-bench-{g:04d}",
+                    memory=Memory(TOTAL_MIB, mem, TOTAL_MIB - mem, 0),
+                    utilization_pct=90 + (g + wave) % 10,
+                    temperature_c=91 if is_hot else 62 + (g + wave) % 6,
+                    power_w=695.0 if is_hot else 450.0 + 10 * ((g + wave) % 9),
+                    power_limit_w=700.0,
+                    throttle=("hw_thermal_slowdown",) if is_hot else (),
+                    remapped_rows=RemappedRows(0, 0, pending=False, failure=False),
+                    pstate=0,
+                )
+            )
+        return Snapshot("bench-node", START, tuple(states), tuple(procs), source="bench")
+
+
+# -- tick cost ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    gpus: int
+    procs: int
+    rules: int
+    evaluations: int  # rule x scope pairs whose `when` a tick evaluates
+    timing: Timing  # seconds per tick
+    records_per_tick: float
+    open_incidents: int
+
+    @property
+    def per_eval_us(self) -> float:
+        return self.timing.median_s * 1e6 / max(1, self.evaluations)
+
+
+class Bench:
+    """One engine ticking over one machine shape on a simulated clock (1 s per tick)."""
+
+    def __init__(self, playbooks: PlaybookSet, cfg: Config, machine: Machine) -> None:
+        self.engine = Engine(playbooks, cfg)
+        self.machine = machine
+        self.n = 0
+        self.records = 0
+        self.done = Outcome(ok=True, dry_run=True, detail="bench")
+
+    def tick(self) -> None:
+        now = START + self.n
+        result = self.engine.step(self.machine.snapshot(self.n, now), now)
+        self.n += 1
+        self.records += len(result.records)
+        for record in result.records:
+            if isinstance(record, Intent):
+                self.engine.complete(record.id, self.done)
+
+    def run(self, ticks: int) -> float:
+        began = time.perf_counter()
+        for _ in range(ticks):
+            self.tick()
+        return time.perf_counter() - began
+
+
+def evaluations(playbooks: PlaybookSet, gpus: int, procs: int) -> int:
+    per_scope = {"gpu": gpus, "process": procs, "host": 1, "event": 0}
+    return sum(per_scope[r.spec.for_each] for r in playbooks.rules)
+
+
+def bench_shape(
+    cfg: Config, directory: Path, shape: tuple[int, int, int], *, firing: bool = False
+) -> ShapeResult:
+    gpus, procs, rules = shape
+    playbooks = load_rules(rules, cfg, directory)
+    bench = Bench(playbooks, cfg, Machine(gpus, procs, firing=firing))
+    warm = bench.run(PERIOD if firing else 60) / (PERIOD if firing else 60)
+    # A round is at least 0.3 s; a firing round spans a whole period (every transition).
+    ticks = max(PERIOD if firing else 5, int(0.3 / warm))
+    bench.records = 0
+    samples = [bench.run(ticks) / ticks for _ in range(5)]
+    return ShapeResult(
+        gpus,
+        procs,
+        rules,
+        evaluations(playbooks, gpus, procs),
+        from_samples(samples, ticks),
+        bench.records / (5 * ticks),
+        len(bench.engine.incidents),
+    )
+
+
+COLUMNS = (
+    f"{'run':<10} {'shape':<15} {'evals':>6} {'µs/tick':>8} {'min/max':>10} {'µs/eval':>7} "
+    f"{'x evals':>7} {'x time':>6} {'recs/tick':>9} {'open':>9}"
+)
+
+
+def print_shape(label: str, r: ShapeResult, base: ShapeResult | None) -> None:
+    """One table line; ``x evals`` and ``x time`` compare with ``base`` (linear: equal)."""
+    shape = f"{r.gpus} x {r.procs} x {r.rules}"
+    base = base or r
+    open_pct = 100 * r.open_incidents / r.evaluations
+    more_evals = r.evaluations / base.evaluations
+    more_time = r.timing.median_s / base.timing.median_s
+    print(
+        f"{label:<10} {shape:<15} {r.evaluations:>6} {r.timing.median_s * 1e6:>8.0f} "
+        f"{r.timing.spread:>10} {r.per_eval_us:>7.2f} {more_evals:>7.1f} {more_time:>6.1f} "
+        f"{r.records_per_tick:>9.2f} {r.open_incidents:>4} {open_pct:>3.0f}%",
+        flush=True,
+    )
+
+
+def ticks(cfg: Config) -> None:
+    header("Engine tick (GPUs x processes x rules)", COLUMNS)
+    results: list[ShapeResult] = []
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-") as tmp:
+        for shape in SHAPES:
+            results.append(bench_shape(cfg, Path(tmp), shape))
+            print_shape("steady", results[-1], results[0])
+        hot = bench_shape(cfg, Path(tmp), SHAPES[0], firing=True)
+        print_shape("~10% fire", hot, results[0])
+    first = results[0]
+    verdict = "met" if first.timing.median_s <= TICK_TARGET_S else "NOT met"
+    print(
+        f"\ntarget: 8 x 64 x 30 steady tick <= {TICK_TARGET_S * 1e6:.0f} µs; "
+        f"measured {first.timing.median_s * 1e6:.0f} µs: {verdict}"
+    )
+    per_eval = [r.per_eval_us for r in results]
+    print(
+        f"growth: {min(per_eval):.2f} to {max(per_eval):.2f} µs per evaluation over "
+        f"{first.evaluations} to {max(r.evaluations for r in results)} evaluations a tick"
+    )
+
+
+# -- profile --------------------------------------------------------------------------------
+
+
+def profile(name: str, fn: Callable[[], object]) -> None:
+    """Print where ``fn`` spends its time, the 15 costliest functions by own time."""
+    print(f"\n## Profile: {name}\n", flush=True)
+    profiler = cProfile.Profile()
+    profiler.runcall(fn)
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(15)
+
+
+def main(*, with_profile: bool = False) -> None:
+    cfg = config_module.load(ROOT / "config" / "gpuwarden.yaml")
+    if not with_profile:
+        ticks(cfg)
+        return
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-") as tmp:
+        bench = Bench(load_rules(30, cfg, Path(tmp)), cfg, Machine(8, 64, firing=False))
+        bench.run(60)
+        profile("1000 ticks of 8 x 64 x 30, steady", lambda: bench.run(1000))
+
+
+if __name__ == "__main__":
+    print(banner())
+    main(with_profile="--profile" in sys.argv[1:])
