@@ -51,11 +51,13 @@ class Engine:
         self.tz = config.tz
         self.history = History()
         self.planner = Planner(ProtectedMatcher(config.protected, self_pid=self_pid))
-        self._states: dict[tuple[str, str], ScopeState] = {}
+        self._states: dict[str, dict[str, ScopeState]] = {}  # rule -> scope key -> state
         self._last_run: dict[str, float] = {}
         self._intents: dict[str, tuple[Incident, int, Intent]] = {}
         self._killed: set[tuple[int, float | None]] = set()
         self._acked: set[str] = set()
+        # Environments of this tick's scopes (see _env); emptied at the start of each tick.
+        self._envs: dict[tuple[str, Any], Env] = {}
         # Incident ids opened within the current second (ids are stamped to the second).
         self._id_second = ""
         self._ids: dict[str, int] = {}
@@ -81,7 +83,7 @@ class Engine:
         if compiled is None:
             return False
         steps = set(planned_steps)
-        state = self._states.setdefault((rule, scope), ScopeState())
+        state = self._states.setdefault(rule, {}).setdefault(scope, ScopeState())
         state.phase = "firing"
         state.label = label
         restored = Incident(
@@ -127,7 +129,12 @@ class Engine:
 
     @property
     def incidents(self) -> list[Incident]:
-        return [s.incident for s in self._states.values() if s.incident is not None]
+        return [
+            s.incident
+            for states in self._states.values()
+            for s in states.values()
+            if s.incident is not None
+        ]
 
     def ack(self, incident_id: str) -> None:
         """A person took over the incident: a rule with ``pause_on_ack`` runs no further step
@@ -154,7 +161,10 @@ class Engine:
         base = tick_env(snapshot, now, self.tz)
         base.update(gpu=None, process=None, event=None, _snapshot=snapshot, _gpus=gpus)
         scopes_by_kind = {kind: make(snapshot) for kind, make in SCOPES.items()}
+        self._envs = {}
         self._record_history(scopes_by_kind, base, now)
+        # Views of history taken while recording would miss this tick's samples: rebuild.
+        self._envs = {}
         for rule in self.playbooks.rules:
             if rule.every is not None:
                 # Counted from when the engine first saw the rule: a daemon started on
@@ -192,9 +202,16 @@ class Engine:
     # -- rules ------------------------------------------------------------------------------
 
     def _env(self, base: Env, scope: Scope) -> Env:
-        """The environment expressions of ``scope`` see. History functions over a wider root
+        """The environment expressions of ``scope`` see, built once per scope and tick and
+        shared by every rule evaluated there. History functions over a wider root
         (``avg(gpu.…)`` in a process rule) read the GPU's and the host's series too."""
+        event = scope.event
+        key = (scope.key, None if event is None else (event.kind, event.time, event.xid))
+        cached = self._envs.get(key)
+        if cached is not None and cached["_base"] is base:
+            return cached
         env = dict(base)
+        env["_base"] = base
         env["gpu"] = scope.gpu
         env["process"] = scope.process
         env["event"] = scope.event
@@ -205,6 +222,7 @@ class Engine:
         )
         also = ("host",) if gpu is None or scope.key == gpu_key(gpu) else (gpu_key(gpu), "host")
         env["_h"] = self.history.view(scope.key, base["_now"], also=also)
+        self._envs[key] = env
         return env
 
     def _evaluate(
@@ -218,18 +236,18 @@ class Engine:
         changes: Records,
         intents: Records,
     ) -> None:
+        states = self._states.setdefault(rule.name, {})
         present: set[str] = set()
         for scope in scopes:
             if scope.key in present and rule.spec.for_each == "event":
                 continue  # one incident per GPU, however many events arrive in one tick
             env = self._env(base, scope)
             holds = rule.when.test(env)
-            key = (rule.name, scope.key)
-            state = self._states.get(key)
+            state = states.get(scope.key)
             if state is None:
                 if not holds:
                     continue
-                state = self._states[key] = ScopeState()
+                state = states[scope.key] = ScopeState()
             present.add(scope.key)
             state.label = scope.label
             if state.phase == "firing":
@@ -245,22 +263,22 @@ class Engine:
             intents,
             present=present if rule.spec.for_each != "event" else None,
         )
-        for key in [k for k in self._states if k[0] == rule.name]:
-            state = self._states[key]
-            if state.phase == "pending" and key[1] not in present:
+        for key in list(states):
+            state = states[key]
+            if state.phase == "pending" and key not in present:
                 state.phase = "inactive"
                 changes.append(
                     RuleChange(
                         Transition.CANCELLED,
                         rule.name,
-                        key[1],
+                        key,
                         now,
                         Reason.SCOPE_GONE,
                         where=state.label,
                     )
                 )
             if state.phase == "inactive" and state.cooldown_until <= now:
-                del self._states[key]
+                del states[key]
 
     def _idle_or_pending(
         self,
@@ -404,9 +422,9 @@ class Engine:
         """Resolve or advance every open incident of ``rule``."""
         current = {s.key: s for s in scopes.get(rule.spec.for_each, [])}
         gpus = {g.index: g for g in snapshot.gpus}
-        for (name, key), state in list(self._states.items()):
+        for key, state in list(self._states.get(rule.name, {}).items()):
             incident = state.incident
-            if name != rule.name or state.phase != "firing" or incident is None:
+            if state.phase != "firing" or incident is None:
                 continue
             scope = current.get(key)
             if rule.spec.for_each == "event":

@@ -146,6 +146,7 @@ class ScenarioSource:
         self._pids = {job.id: SYNTHETIC_PID_BASE + i for i, job in enumerate(scenario.jobs)}
         self._spawning = spawn
         self._vanished: set[str] = set()
+        self._infos: dict[str, ProcessInfo] = {}
         self._last_offset: float | None = None
         self._lost: dict[int, bool] = {}
         self._owns_workdir = workdir is None
@@ -231,6 +232,13 @@ class ScenarioSource:
         ]
 
     def _info(self, job: JobSpec) -> ProcessInfo:
+        """A synthetic job's attribution: fixed for the scenario, so made once."""
+        known = self._infos.get(job.id)
+        if known is None:
+            known = self._infos[job.id] = self._describe(job)
+        return known
+
+    def _describe(self, job: JobSpec) -> ProcessInfo:
         pid = self._pids[job.id]
         if job.orphaned:
             return ProcessInfo(pid=pid, orphaned=True)
