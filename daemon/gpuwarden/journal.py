@@ -23,7 +23,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.errors import UsageError
@@ -56,10 +56,11 @@ from gpuwarden.journal_schema import (
     Migration,
     check_identity,
     check_integrity,
-    failure,
+    errors,
     migrate,
     newer_schema,
     not_a_journal,
+    transaction,
 )
 from gpuwarden.model import Intent, Outcome, RuleChange
 
@@ -167,25 +168,11 @@ class Journal:
                 hint="start the daemon once: it migrates the journal when it opens it",
             )
 
-    @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise failure(self.path, exc, doing, self.timeout) from None
+    def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        return errors(self.path, doing, self.timeout)
 
-    @contextlib.contextmanager
-    def _tx(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
-        conn = self._conn
-        with self._lock, self._errors("write to" if write else "read"):
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+    def _tx(self, *, write: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._conn, self._lock, self.path, self.timeout, write=write)
 
     # -- what happens -----------------------------------------------------------------------
 

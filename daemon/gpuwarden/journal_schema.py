@@ -15,8 +15,10 @@ names the file and says what to do.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,3 +268,35 @@ def failure(path: Path, exc: sqlite3.Error, doing: str, timeout: float) -> Journ
             hint=f"free space on the file system of {path.parent}",
         )
     return JournalError(f"cannot {doing} the journal {path}: {exc} ({name or 'sqlite'})")
+
+
+@contextlib.contextmanager
+def errors(path: Path, doing: str, timeout: float) -> Iterator[None]:
+    """Turn an SQLite error on ``path`` into a JournalError that says what to do."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise failure(path, exc, doing, timeout) from None
+
+
+@contextlib.contextmanager
+def transaction(
+    conn: sqlite3.Connection,
+    lock: threading.Lock | threading.RLock,
+    path: Path,
+    timeout: float,
+    *,
+    write: bool = True,
+) -> Iterator[sqlite3.Connection]:
+    """One transaction on ``conn`` under ``lock``: committed when the block ends, rolled back
+    when it raises; an SQLite error becomes a JournalError (the journal and the outbox share
+    this)."""
+    with lock, errors(path, "write to" if write else "read", timeout):
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise

@@ -24,13 +24,20 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from gpuwarden.journal_records import cap, redact_text
-from gpuwarden.journal_schema import MIGRATIONS, JournalError, Migration, failure, migrate
+from gpuwarden.journal_schema import (
+    MIGRATIONS,
+    JournalError,
+    Migration,
+    errors,
+    migrate,
+    transaction,
+)
 
 Status = Literal["pending", "sending", "sent", "failed", "dropped"]
 STATUSES: tuple[Status, ...] = ("pending", "sending", "sent", "failed", "dropped")
@@ -166,25 +173,11 @@ class Outbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise failure(self.path, exc, doing, self.timeout) from None
+    def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        return errors(self.path, doing, self.timeout)
 
-    @contextlib.contextmanager
-    def _tx(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
-        conn = self._conn
-        with self._lock, self._errors("write to" if write else "read"):
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+    def _tx(self, *, write: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._conn, self._lock, self.path, self.timeout, write=write)
 
     # -- the run loop -----------------------------------------------------------------------
 
