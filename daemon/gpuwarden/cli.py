@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuwarden import __version__, cli_run, config
@@ -357,28 +357,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return cli_run.cmd_run(args, cfg, _playbook_paths(args.playbooks, cfg))
 
 
-def cmd_incidents(args: argparse.Namespace) -> int:
-    return cli_run.cmd_incidents(args, _load_config(args.config))
+def _with_config(
+    command: Callable[[argparse.Namespace, config.Config], int],
+) -> Callable[[argparse.Namespace], int]:
+    """A command of ``cli_run`` that needs only the arguments and the loaded config."""
 
+    def run(args: argparse.Namespace) -> int:
+        return command(args, _load_config(args.config))
 
-def cmd_incident(args: argparse.Namespace) -> int:
-    return cli_run.cmd_incident(args, _load_config(args.config))
-
-
-def cmd_ack(args: argparse.Namespace) -> int:
-    return cli_run.cmd_ack(args, _load_config(args.config))
-
-
-def cmd_notify_test(args: argparse.Namespace) -> int:
-    return cli_run.cmd_notify_test(args, _load_config(args.config))
-
-
-def cmd_outbox(args: argparse.Namespace) -> int:
-    return cli_run.cmd_outbox(args, _load_config(args.config))
-
-
-def cmd_reset_breaker(args: argparse.Namespace) -> int:
-    return cli_run.cmd_reset_breaker(args, _load_config(args.config))
+    return run
 
 
 COMMANDS = {
@@ -388,12 +375,12 @@ COMMANDS = {
     "drill": cmd_drill,
     "schema": cmd_schema,
     "run": cmd_run,
-    "incidents": cmd_incidents,
-    "incident": cmd_incident,
-    "reset-breaker": cmd_reset_breaker,
-    "ack": cmd_ack,
-    "notify-test": cmd_notify_test,
-    "outbox": cmd_outbox,
+    "incidents": _with_config(cli_run.cmd_incidents),
+    "incident": _with_config(cli_run.cmd_incident),
+    "reset-breaker": _with_config(cli_run.cmd_reset_breaker),
+    "ack": _with_config(cli_run.cmd_ack),
+    "notify-test": _with_config(cli_run.cmd_notify_test),
+    "outbox": _with_config(cli_run.cmd_outbox),
 }
 
 
