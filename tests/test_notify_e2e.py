@@ -134,3 +134,45 @@ def test_a_target_from_an_apprise_config_file_with_tags(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert [d["path"] for d in receiver.received] == ["/gpu"]
+
+
+def test_a_restart_mid_incident_still_sends_the_resolve_once(
+    tmp_path: Path, receiver: JsonReceiver
+) -> None:
+    from gpuwarden import config as config_mod
+    from gpuwarden.notify.service import Notifications
+    from gpuwarden.runtime import Runtime
+    from tests.test_runtime import RELIEF, Run, scenario_copy, wait_until
+
+    cfg = config_mod.load(config_for(tmp_path))
+    os.environ["TEST_ONCALL_URL"] = receiver.url("restart")
+    try:
+        playbook = tmp_path / "tell.yaml"
+        playbook.write_text(
+            "rules:\n  - name: squeeze\n    for_each: gpu\n"
+            "    when: gpu.memory.used_pct >= 95\n    for: 10s\n"
+            "    until: gpu.memory.used_pct < 85\n    severity: critical\n"
+            "    steps:\n      - notify: oncall\n"
+        )
+        run = Run(
+            tmp_path, cfg, scenario_copy(tmp_path, end="3m30s", extra=RELIEF), playbook, at=90.0
+        )
+
+        def runtime() -> Runtime:
+            runtime = run.runtime()
+            runtime.notifications = Notifications(
+                cfg, run.journal_path, host="test-node", clock=run.clock
+            )
+            return runtime
+
+        first = runtime()
+        first.recover()
+        wait_until(lambda: (first.tick(), bool(receiver.received))[1])  # the open message
+        assert first.notifications is not None
+        first.notifications.sender.stop()  # then it dies: no shutdown
+        second = runtime()
+        second.run()
+    finally:
+        del os.environ["TEST_ONCALL_URL"]
+    titles = receiver.titles()
+    assert [t.split("]")[0] for t in titles] == ["[CRITICAL", "[RESOLVED"], titles

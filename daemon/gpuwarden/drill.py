@@ -171,7 +171,7 @@ def run(
         summary.simulated_s = steps * interval
         summary.open_at_end = [i.id for i in engine.incidents]
         if told is not None:
-            told.flush(clock.now() + FLUSH_AHEAD)
+            told.flush(clock.now(), ahead=FLUSH_AHEAD)
             summary.notified = told.deliver_now()
             summary.notify_queued = told.queued
             told.close(clock.now())

@@ -105,6 +105,8 @@ class Runtime:
             )
             if restored:
                 open_ids.add(inc.id)
+                if self.notifications is not None:
+                    self.notifications.restore(inc, self.journal.timeline(inc.id), now)
                 log.info(
                     "resumed incident %s (%s, %d step(s) already run)",
                     inc.id,

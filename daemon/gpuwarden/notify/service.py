@@ -9,20 +9,23 @@ to the outbox, which a restarted daemon delivers.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.clock import Clock
+from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
-from gpuwarden.model import GpuState, Intent, Outcome, RuleChange
+from gpuwarden.model import GpuState, Intent, Outcome, Reason, RuleChange, Transition
 from gpuwarden.notify.messages import gpu_facts
 from gpuwarden.notify.notifier import Notifier
 from gpuwarden.notify.outbox import Outbox
 from gpuwarden.notify.routing import resolve_urls
 from gpuwarden.notify.sender import Sender, UrlResult, send_test
+from gpuwarden.playbook.schema import NotifyParams
 
 FLUSH_AHEAD = 10 * 86400.0
+DRAIN_S = 5.0  # at a stop, how long deliveries that are due may still take
 
 
 def resolver(config: Config) -> Any:
@@ -56,8 +59,10 @@ def config_urls(path: Path, tags: Sequence[str]) -> list[str]:
         if not wanted or wanted & {str(t) for t in service.tags}:
             found.append(str(service.url(privacy=False)))  # type: ignore[no-untyped-call]
     if not found:
-        raise ValueError(f"the apprise config {path} holds no URL"
-                         + (f" tagged {', '.join(sorted(wanted))}" if wanted else ""))
+        raise ValueError(
+            f"the apprise config {path} holds no URL"
+            + (f" tagged {', '.join(sorted(wanted))}" if wanted else "")
+        )
     return found
 
 
@@ -88,6 +93,7 @@ class Notifications:
             fallback=lambda name: targets[name].fallback if name in targets else None,
         )
         self.background = background
+        self.clock: Clock = clock or SystemClock()
         self.queued = 0
         if background:
             self.sender.start()
@@ -107,6 +113,50 @@ class Notifications:
         }
         self.notifier.observe(records, now, incidents=facts)
 
+    def restore(self, incident: Any, timeline: Sequence[Any], now: float) -> None:
+        """Take back an incident a previous run left open: replay its firing and its notify
+        steps so its group exists again (reminders, the resolve message). The messages this
+        re-creates have the ids they had before, so the outbox does not send them twice."""
+        records: list[RuleChange | Intent] = [
+            RuleChange(
+                Transition.FIRING,
+                incident.rule,
+                incident.scope,
+                incident.opened_at,
+                Reason.FOR_ELAPSED,
+                incident.id,
+                where=incident.label,
+            )
+        ]
+        for row in timeline:
+            params = row.data.get("params") or {}
+            if row.kind != "step" or row.data.get("step_kind") != "notify" or row.step is None:
+                continue
+            records.append(
+                Intent(
+                    id=row.intent or f"{incident.id}/{row.step}",
+                    incident=incident.id,
+                    rule=incident.rule,
+                    scope=incident.scope,
+                    step=row.step,
+                    kind="notify",
+                    label=str(row.data.get("label") or "notify"),
+                    time=row.time,
+                    reason=Reason.STEP_DUE,
+                    severity=incident.severity or "warning",
+                    shadow=bool(row.data.get("shadow")),
+                    gpu=incident.gpu,
+                    params=NotifyParams(
+                        targets=tuple(params.get("targets") or ()), message=params.get("message")
+                    ),
+                    where=incident.label,
+                )
+            )
+        if len(records) > 1:
+            self.notifier.observe(records, now)
+        if incident.acked_at is not None:
+            self.notifier.ack(incident.id, now)
+
     def observe_outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
         self.notifier.observe_outcome(intent, outcome, now)
 
@@ -116,9 +166,11 @@ class Notifications:
     def admin(self, title: str, body: str, now: float) -> None:
         self.notifier.admin(title, body, now, severity="critical")
 
-    def flush(self, now: float) -> int:
-        """Write what is due to the outbox (before anything is sent) and wake the sender."""
-        added = sum(1 for message in self.notifier.due(now) if self.outbox.put(message, now))
+    def flush(self, now: float, *, ahead: float = 0.0) -> int:
+        """Write what is due to the outbox (before anything is sent) and wake the sender.
+        ``ahead``: also what grouping would hold back that much longer (at a stop)."""
+        due = self.notifier.due(now + ahead)
+        added = sum(1 for message in due if self.outbox.put(message, now))
         self.queued += added
         if added and self.background:
             self.sender.wake()
@@ -131,7 +183,16 @@ class Notifications:
     def close(self, now: float) -> None:
         # Groups live in memory: at a stop, whatever they hold goes to the outbox now rather
         # than waiting for group_wait / group_interval and being lost.
-        self.flush(now + FLUSH_AHEAD)
+        self.flush(now, ahead=FLUSH_AHEAD)
         if self.background:
+            # Give what is due now a bounded chance to go out; whatever does not stays in
+            # the outbox and is delivered by the next start.
+            self.sender.wake()
+            deadline = time.monotonic() + DRAIN_S
+            while time.monotonic() < deadline:
+                due = self.outbox.next_due()
+                if due is None or due > self.clock.now():
+                    break
+                time.sleep(0.05)
             self.sender.stop()
         self.outbox.close()
