@@ -16,9 +16,7 @@ from gpuwarden.units import format_duration
 
 
 class ActionLog(Protocol):
-    def actions_since(
-        self, t: float, rule: str | None = None, kinds: Any = None
-    ) -> int: ...
+    def actions_since(self, t: float, rule: str | None = None, kinds: Any = None) -> int: ...
 
     def note_action(self, rule: str, kind: str, pid: int | None, now: float) -> None: ...
 
@@ -48,20 +46,26 @@ class Rails:
             return None
         tripped = self.log.breaker()
         if tripped is not None:
-            return ("circuit breaker open: destructive steps are halted until "
-                    "`gpuwarden reset-breaker`")
+            return (
+                "circuit breaker open: destructive steps are halted until `gpuwarden reset-breaker`"
+            )
         n = weight(intent)
         rule_limit, overall = self.safety.per_rule, self.safety.overall
-        done = self.log.actions_since(now - rule_limit.window, rule=intent.rule,
-                                      kinds=DESTRUCTIVE_KINDS)
+        done = self.log.actions_since(
+            now - rule_limit.window, rule=intent.rule, kinds=DESTRUCTIVE_KINDS
+        )
         if done + n > rule_limit.actions:
-            return (f"rate limit: rule {intent.rule} already did {done} destructive action(s) "
-                    f"in the last {format_duration(rule_limit.window)} (limit "
-                    f"{rule_limit.actions})")
+            return (
+                f"rate limit: rule {intent.rule} already did {done} destructive action(s) "
+                f"in the last {format_duration(rule_limit.window)} (limit "
+                f"{rule_limit.actions})"
+            )
         done = self.log.actions_since(now - overall.window, kinds=DESTRUCTIVE_KINDS)
         if done + n > overall.actions:
-            return (f"rate limit: {done} destructive action(s) in the last "
-                    f"{format_duration(overall.window)} (limit {overall.actions})")
+            return (
+                f"rate limit: {done} destructive action(s) in the last "
+                f"{format_duration(overall.window)} (limit {overall.actions})"
+            )
         return None
 
     def record(self, intent: Intent, now: float) -> str | None:
@@ -74,9 +78,11 @@ class Rails:
         breaker = self.safety.breaker
         done = self.log.actions_since(now - breaker.window, kinds=DESTRUCTIVE_KINDS)
         if done >= breaker.actions and self.log.breaker() is None:
-            reason = (f"{done} destructive actions within {format_duration(breaker.window)} "
-                      f"(breaker at {breaker.actions}); last: {intent.kind} by rule "
-                      f"{intent.rule}")
+            reason = (
+                f"{done} destructive actions within {format_duration(breaker.window)} "
+                f"(breaker at {breaker.actions}); last: {intent.kind} by rule "
+                f"{intent.rule}"
+            )
             self.log.trip_breaker(reason, now)
             return reason
         return None
