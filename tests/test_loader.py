@@ -649,3 +649,19 @@ def test_one_good_file_and_one_bad_file_load_nothing(tmp_path: Path) -> None:
     files = {"a.yaml": rule("", name="good"), "b.yaml": rule("", name="bad", when="gpu.nope")}
     reported = problems_of(tmp_path, files)
     assert reported == ["b.yaml:3:11: unknown field gpu.nope\n  hint: did you mean gpu.name?"]
+
+
+def test_a_notify_message_may_only_use_known_placeholders(tmp_path: Path) -> None:
+    cfg = Config.model_validate({"notify": {"targets": {"oncall": {"urls": ["json://x"]}}}})
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "rules:\n  - name: r\n    when: gpu.memory.used_pct > 90\n    steps:\n"
+        '      - notify: {targets: [oncall], message: "${title} on ${hostname}: ${memory}"}\n'
+    )
+    with pytest.raises(InputError) as caught:
+        loader.load([path], cfg)
+    (problem,) = caught.value.problems
+    assert problem.message == "unknown placeholder ${hostname} in the message"
+    assert problem.line == 5
+    path.write_text(path.read_text().replace("${hostname}", "${host}"))
+    assert [r.name for r in loader.load([path], cfg).rules] == ["r"]

@@ -127,6 +127,10 @@ def render(template: str, facts: Mapping[str, str]) -> str:
     return _PLACEHOLDER.sub(one, template)
 
 
+# Facts a GPU adds to its incident's messages (``gpu_facts``), when the device reports them.
+GPU_FACT_NAMES: tuple[str, ...] = ("memory", "temperature", "utilization", "power", "state")
+
+
 def placeholders(template: str) -> tuple[str, ...]:
     """The names a template uses (for checking a playbook's message against FACT_NAMES)."""
     return tuple(dict.fromkeys(_PLACEHOLDER.findall(template)))

@@ -13,6 +13,7 @@ from pathlib import Path
 from gpuwarden import yamlfile
 from gpuwarden.config import Config
 from gpuwarden.errors import InputError, Problem
+from gpuwarden.notify.messages import FACT_NAMES, GPU_FACT_NAMES, placeholders
 from gpuwarden.playbook.expr import Compiled, Compiler, ExprError, Series
 from gpuwarden.playbook.fields import FIELDS
 from gpuwarden.playbook.schema import (
@@ -201,6 +202,18 @@ class _FileCompiler:
         kind_at = (*at, step.kind)
         params = step.params
         ok = True
+        if isinstance(params, NotifyParams) and params.message is not None:
+            names = (*FACT_NAMES, *GPU_FACT_NAMES)
+            for name in placeholders(params.message):
+                if name not in names:
+                    self.problems.append(
+                        self.located.problem(
+                            (*kind_at, "message"),
+                            f"unknown placeholder ${{{name}}} in the message",
+                            f"one of {', '.join('${' + n + '}' for n in names)}",
+                        )
+                    )
+                    ok = False
         if isinstance(params, NotifyParams):
             for i, target in enumerate(params.targets):
                 if target not in self.config.notify.targets:
