@@ -158,6 +158,7 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         clock=clock,
         marker="[DRY-RUN]" if args.dry_run or cfg.dry_run else "",
         descriptions={r.name: r.spec.description for r in playbooks.rules},
+        rules=[r.spec for r in playbooks.rules],
     )
     runtime = Runtime(
         cfg,

@@ -122,6 +122,7 @@ def run(
                 background=False,
                 clock=clock,
                 descriptions={r.name: r.spec.description for r in playbooks.rules},
+                rules=[r.spec for r in playbooks.rules],
             )
         steps = int(source.duration / interval + 1e-9)
         for n in range(steps + 1):

@@ -10,22 +10,39 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
 from gpuwarden.model import GpuState, Intent, Outcome, Reason, RuleChange, Transition
+from gpuwarden.notify.grouping import Timing
 from gpuwarden.notify.messages import gpu_facts
 from gpuwarden.notify.notifier import Notifier
 from gpuwarden.notify.outbox import Outbox
 from gpuwarden.notify.routing import resolve_urls
 from gpuwarden.notify.sender import Sender, UrlResult, send_test
-from gpuwarden.playbook.schema import NotifyParams
+from gpuwarden.playbook.schema import NotifyParams, Rule
 
 FLUSH_AHEAD = 10 * 86400.0
 DRAIN_S = 5.0  # at a stop, how long deliveries that are due may still take
+
+
+def timings(config: Config, rules: Sequence[Rule]) -> Callable[[str], Timing]:
+    """Each rule's grouping: its own group_wait / group_interval / repeat where it gives one,
+    the config's notify section otherwise."""
+    notify = config.notify
+    default = Timing(notify.group_wait, notify.group_interval, notify.repeat)
+    own = {
+        r.name: Timing(
+            default.group_wait if r.group_wait is None else r.group_wait,
+            default.group_interval if r.group_interval is None else r.group_interval,
+            default.repeat if r.repeat is None else r.repeat,
+        )
+        for r in rules
+    }
+    return lambda rule: own.get(rule, default)
 
 
 def resolver(config: Config) -> Any:
@@ -82,8 +99,15 @@ class Notifications:
         descriptions: dict[str, str] | None = None,
         background: bool = True,
         clock: Clock | None = None,
+        rules: Sequence[Rule] = (),
     ) -> None:
-        self.notifier = Notifier(config, host=host, marker=marker, descriptions=descriptions)
+        self.notifier = Notifier(
+            config,
+            host=host,
+            marker=marker,
+            descriptions=descriptions,
+            timing=timings(config, rules),
+        )
         self.outbox = Outbox(journal_path)
         targets = config.notify.targets
         self.sender = Sender(

@@ -257,6 +257,10 @@ class Rule(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     mode: Literal["enforce", "shadow"] = "enforce"
     pause_on_ack: bool = False  # once a person acknowledges the incident, run no further step
+    # Notification grouping for this rule (default: the config's notify section).
+    group_wait: Seconds | None = None
+    group_interval: Seconds | None = None
+    repeat: Seconds | None = None
     steps: tuple[Step, ...] = ()
 
     @model_validator(mode="after")
