@@ -915,3 +915,29 @@ def test_pause_on_ack_holds_the_ladder_but_not_resolution(tmp_path: Path) -> Non
     assert [(c.kind, c.reason) for c in held.changes] == [(Transition.WAITING, Reason.ACKNOWLEDGED)]
     done = engine.step(snap(gpu(0, 50)), T0 + 130)
     assert [c.kind for c in done.changes] == [Transition.RESOLVED]
+
+
+def test_a_reload_keeps_incidents_of_rules_that_remain(tmp_path: Path) -> None:
+    rules = (
+        "rules:\n"
+        "  - {name: kept, for_each: gpu, when: gpu.memory.used_pct >= 90}\n"
+        "  - {name: dropped, for_each: gpu, when: gpu.memory.used_pct >= 90}\n"
+    )
+    (tmp_path / "a.yaml").write_text(rules)
+    cfg = Config()
+    engine = Engine(load([tmp_path / "a.yaml"], cfg), cfg)
+    engine.step(snap(gpu(0, 96)), T0)
+    before = {i.rule: i.id for i in engine.incidents}
+    assert set(before) == {"kept", "dropped"}
+    (tmp_path / "a.yaml").write_text(
+        "rules:\n  - {name: kept, for_each: gpu, when: gpu.memory.used_pct >= 92}\n"
+    )
+    closed = engine.replace(load([tmp_path / "a.yaml"], cfg), cfg, T0 + 1)
+    assert [(c.rule, c.kind, c.reason, c.incident) for c in closed] == [
+        ("dropped", Transition.RESOLVED, Reason.RULE_REMOVED, before["dropped"])
+    ]
+    assert [(i.rule, i.id) for i in engine.incidents] == [("kept", before["kept"])]
+    tick = engine.step(snap(gpu(0, 96)), T0 + 2)
+    assert tick.changes == ()  # still firing: not opened again
+    resolved = engine.step(snap(gpu(0, 91)), T0 + 3)  # below the new threshold
+    assert [(c.rule, c.kind) for c in resolved.changes] == [("kept", Transition.RESOLVED)]

@@ -50,6 +50,7 @@ class Engine:
         self.config = config
         self.tz = config.tz
         self.history = History()
+        self._self_pid = self_pid
         self.planner = Planner(ProtectedMatcher(config.protected, self_pid=self_pid))
         self._states: dict[str, dict[str, ScopeState]] = {}  # rule -> scope key -> state
         self._last_run: dict[str, float] = {}
@@ -104,6 +105,38 @@ class Engine:
                 self._killed.add((pid, created))
         state.incident = restored
         return True
+
+    def replace(self, playbooks: PlaybookSet, config: Config, now: float) -> list[RuleChange]:
+        """Swap in a new playbook set (and config) between ticks. Incidents and states of
+        rules that still exist are kept; a removed rule's open incidents resolve with
+        ``RULE_REMOVED`` (returned, for the journal). History restarts: the new set's series
+        are numbered afresh."""
+        names = {r.name for r in playbooks.rules}
+        closed: list[RuleChange] = []
+        for rule, states in list(self._states.items()):
+            if rule in names:
+                continue
+            for state in states.values():
+                if state.incident is not None:
+                    closed.append(
+                        RuleChange(
+                            Transition.RESOLVED,
+                            rule,
+                            state.incident.scope,
+                            now,
+                            Reason.RULE_REMOVED,
+                            state.incident.id,
+                            where=state.incident.label,
+                        )
+                    )
+            del self._states[rule]
+        self.playbooks = playbooks
+        self.config = config
+        self.tz = config.tz
+        self.planner = Planner(ProtectedMatcher(config.protected, self_pid=self._self_pid))
+        self.history = History()
+        self._last_run = {k: v for k, v in self._last_run.items() if k in names}
+        return closed
 
     def still_needed(self, intent: Intent, snapshot: Snapshot, now: float) -> bool:
         """For a kill in progress: does the step's ``free_until`` still fail on a fresh
