@@ -251,6 +251,21 @@ class Safety(_Strict):
     shutdown_grace: Seconds = 10.0  # how long a stop waits for running steps
 
 
+class MetricsConfig(_Strict):
+    """The Prometheus endpoint: off unless ``listen`` is set; on loopback unless told."""
+
+    listen: str | None = None  # e.g. "127.0.0.1:9400" (dcgm-exporter's port)
+    gpu_gauges: bool = True  # false where dcgm-exporter already exports the GPUs
+
+
+class ReloadConfig(_Strict):
+    """Hot reload of this file and the playbooks when they change on disk (and on SIGHUP)."""
+
+    watch: bool = True
+    poll: bool = False  # poll instead of inotify (NFS and other network file systems)
+    debounce: Seconds = Field(default=0.3, ge=0)
+
+
 class Config(_Strict):
     host: str | None = None
     tick: Seconds = Field(default=2.0, gt=0)
@@ -264,6 +279,8 @@ class Config(_Strict):
     notify: Notify = Notify()
     cloud: Cloud = Cloud()
     safety: Safety = Safety()
+    metrics: MetricsConfig = MetricsConfig()
+    reload: ReloadConfig = ReloadConfig()
 
     @field_validator("timezone")
     @classmethod
