@@ -353,8 +353,9 @@ class _opened:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _load_config(args.config)
-    return cli_run.cmd_run(args, cfg, _playbook_paths(args.playbooks, cfg))
+    found = _config_path(args.config)
+    cfg = config.Config() if found is None else config.load(found)
+    return cli_run.cmd_run(args, cfg, _playbook_paths(args.playbooks, cfg), found)
 
 
 def _with_config(

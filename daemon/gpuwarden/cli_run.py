@@ -122,7 +122,12 @@ def _state_dir(args: argparse.Namespace, cfg: config.Config) -> Path:
     return Path(args.state_dir) if getattr(args, "state_dir", None) else cfg.state_dir
 
 
-def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[str]) -> int:
+def cmd_run(
+    args: argparse.Namespace,
+    cfg: config.Config,
+    playbook_paths: list[str],
+    config_path: Path | None = None,
+) -> int:
     from gpuwarden.clock import Clock, ScaledClock, SystemClock
     from gpuwarden.journal import Journal
     from gpuwarden.playbook import loader
@@ -149,6 +154,8 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
 
         power = NvmlPower()
     from gpuwarden.notify.service import Notifications
+    from gpuwarden.reload import Reloader, Watcher
+    from gpuwarden.sdnotify import SystemdNotifier
 
     host = cfg.host or socket.gethostname()
     notifications = Notifications(
@@ -160,6 +167,18 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         descriptions={r.name: r.spec.description for r in playbooks.rules},
         rules=[r.spec for r in playbooks.rules],
     )
+    metrics = None
+    if cfg.metrics.listen:
+        from gpuwarden.metrics import Metrics
+
+        metrics = Metrics(gpu_gauges=cfg.metrics.gpu_gauges)
+        try:
+            metrics.serve(cfg.metrics.listen)
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"metrics.listen {cfg.metrics.listen!r}: {exc}",
+                "choose a free address, e.g. 127.0.0.1:9400",
+            ) from None
     runtime = Runtime(
         cfg,
         source,
@@ -171,7 +190,20 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         self_pid=os.getpid(),
         host=host,
         notifications=notifications,
+        metrics=metrics,
+        systemd=SystemdNotifier(),
+        reloader=Reloader(config_path, playbook_paths, (cfg, playbooks)),
     )
+    watcher = None
+    if cfg.reload.watch:
+        watcher = Watcher(
+            config_path,
+            playbook_paths,
+            runtime.request_reload,
+            debounce=cfg.reload.debounce,
+            poll=cfg.reload.poll,
+        )
+        watcher.start()
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("gpuwarden.run").info(
@@ -179,7 +211,12 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
         )
         runtime.stop()
 
+    def hangup(_signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("gpuwarden.run").info("received SIGHUP: reloading")
+        runtime.request_reload()
+
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup)
     mode = "DRY-RUN" if runtime.dry_run else "enforcing"
     print(
         f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}, "
@@ -191,6 +228,8 @@ def cmd_run(args: argparse.Namespace, cfg: config.Config, playbook_paths: list[s
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if watcher is not None:
+            watcher.stop()
         journal.close()
         if power is not None:
             power.close()

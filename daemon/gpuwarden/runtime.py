@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.actions import registry
 from gpuwarden.actions.base import Context, PowerControl
-from gpuwarden.clock import Clock, SystemClock
+from gpuwarden.clock import Clock, ScaledClock, SystemClock
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
@@ -28,6 +29,10 @@ from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.safety import Rails
 from gpuwarden.sources import Source
+
+if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
+    from gpuwarden.metrics import Metrics
+    from gpuwarden.sdnotify import SystemdNotifier
 
 log = logging.getLogger("gpuwarden.run")
 # Undo results worth trying again later (anything else — done, gone, reused — is final).
@@ -58,6 +63,9 @@ class Runtime:
         self_pid: int | None = None,
         host: str = "",
         notifications: Notifications | None = None,
+        metrics: Metrics | None = None,
+        systemd: SystemdNotifier | None = None,
+        reloader: Any = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -67,10 +75,14 @@ class Runtime:
         self.power = power
         self.host = host
         self.notifications = notifications
+        self.metrics = metrics
+        self.systemd = systemd
+        self.reloader = reloader  # a gpuwarden.reload.Reloader, when reloads are on
         self.engine = Engine(playbooks, config, self_pid=self_pid)
         self.rails = Rails(config.safety, journal)
         self.pool = ThreadPoolExecutor(config.safety.workers, thread_name_prefix="gpuwarden-step")
         self.stopping = threading.Event()
+        self._wake = threading.Event()
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self.stats = RunStats()
         self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
@@ -131,6 +143,7 @@ class Runtime:
     # -- one tick ---------------------------------------------------------------------------
 
     def tick(self) -> Tick:
+        began = time.perf_counter()
         now = self.clock.now()
         self._drain()
         with self._source_lock:
@@ -161,7 +174,21 @@ class Runtime:
                 )
         if self.notifications is not None:
             self.notifications.flush(now)
+        if self.metrics is not None:
+            self._observe(snapshot, time.perf_counter() - began)
         return result
+
+    def _observe(self, snapshot: Any, seconds: float) -> None:
+        assert self.metrics is not None
+        self.metrics.observe_tick(
+            snapshot, seconds, self.engine.phase_counts(), len(self.engine.incidents)
+        )
+        self.metrics.observe_breaker(self.journal.breaker() is not None)
+        if self.notifications is not None:
+            sender = self.notifications.sender
+            self.metrics.observe_outbox(
+                self.notifications.outbox.counts(), sender.retried + sender.failed
+            )
 
     def _dispatch(self, intent: Intent, now: float) -> None:
         self.stats.intents += 1
@@ -175,7 +202,9 @@ class Runtime:
                 intent.incident,
                 refused,
             )
-            self._finish(intent, Outcome(ok=False, detail=f"refused: {refused}"))
+            if self.metrics is not None:
+                self.metrics.observe_step(intent.kind, "refused")
+            self._finish(intent, Outcome(ok=False, detail=f"refused: {refused}"), counted=True)
             return
         tripped = self.rails.record(intent, now)
         if tripped is not None:
@@ -247,7 +276,10 @@ class Runtime:
             self._running.pop(intent.id, None)
             self._finish(intent, outcome)
 
-    def _finish(self, intent: Intent, outcome: Outcome) -> None:
+    def _finish(self, intent: Intent, outcome: Outcome, *, counted: bool = False) -> None:
+        if self.metrics is not None and not counted:
+            result = "dry_run" if outcome.dry_run else "ok" if outcome.ok else "failed"
+            self.metrics.observe_step(intent.kind, result)
         if not outcome.ok:
             self.stats.failed += 1
         self.journal.finish(intent.id, outcome, self.clock.now())
@@ -294,24 +326,77 @@ class Runtime:
         start = getattr(self.source, "start_time", None)
         if duration is not None and start is not None:
             end = start + duration
+        ready = False
+        pinged = time.monotonic()
+        watchdog = self.systemd.watchdog_interval() if self.systemd is not None else None
         try:
             while not self.stopping.is_set():
                 began = self.clock.monotonic()
+                self._reload_if_asked()
                 self.tick()
+                if self.systemd is not None:
+                    if not ready:  # the first tick has run: systemd may consider us started
+                        self.systemd.ready(self.summary())
+                        ready = True
+                    elif watchdog is not None and time.monotonic() - pinged >= watchdog:
+                        self.systemd.watchdog()
+                        self.systemd.status(self.summary())
+                        pinged = time.monotonic()
                 if once or (end is not None and self.clock.now() >= end):
                     break
                 remaining = self.config.tick - (self.clock.monotonic() - began)
                 self._sleep(remaining)
             self._settle()
         finally:
+            if self.systemd is not None:
+                self.systemd.stopping("stopping: finishing steps, putting suspended jobs back")
             self.shutdown()
         return self.stats
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS: what is being watched and what is open."""
+        open_now = len(self.engine.incidents)
+        return (
+            f"{len(self.engine.playbooks.rules)} rules, {open_now} open incident(s), "
+            f"{self.stats.ticks} ticks" + (" (dry-run)" if self.dry_run else "")
+        )
+
+    def request_reload(self) -> None:
+        """SIGHUP: reload between ticks (never inside one). The file watcher asks the
+        reloader directly."""
+        if self.reloader is not None:
+            self.reloader.request()
+            self._wake.set()  # do not wait for the rest of the tick interval
+
+    def _reload_if_asked(self) -> None:
+        if self.reloader is None or not self.reloader.pending:
+            return
+        now = self.clock.now()
+        if self.systemd is not None:
+            self.systemd.reloading("reloading config and playbooks")
+        result = self.reloader.check()
+        if result is None:
+            return
+        if result.ok:
+            closed = self.engine.replace(result.playbooks, result.config, now)
+            if closed:
+                self.journal.record_all(closed, now)
+        elif self.notifications is not None and result.error is not None:
+            self.notifications.admin(
+                f"gpuwarden on {self.host}: reload refused", result.error.render(), now
+            )
+        if self.metrics is not None:
+            self.metrics.observe_reload(result.ok, now)
+        if self.systemd is not None:
+            self.systemd.ready(("reloaded: " if result.ok else "reload refused: ") + self.summary())
 
     def _sleep(self, seconds: float) -> None:
         if seconds <= 0:
             return
-        if isinstance(self.clock, SystemClock):
-            self.stopping.wait(seconds)  # a stop signal wakes us at once
+        if isinstance(self.clock, SystemClock | ScaledClock):
+            speed = self.clock.speed if isinstance(self.clock, ScaledClock) else 1.0
+            self._wake.wait(seconds / speed)  # a stop or a reload request wakes us at once
+            self._wake.clear()
         else:
             self.clock.sleep(seconds)
 
@@ -323,6 +408,7 @@ class Runtime:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake.set()
 
     def shutdown(self) -> None:
         self.stopping.set()
@@ -343,3 +429,5 @@ class Runtime:
             self.source.close()
         if self.notifications is not None:
             self.notifications.close(self.clock.now())
+        if self.metrics is not None:
+            self.metrics.close()

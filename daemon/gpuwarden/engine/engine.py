@@ -160,6 +160,16 @@ class Engine:
         )
         return not step.free_until.test(base)
 
+    def phase_counts(self) -> dict[tuple[str, str], int]:
+        """How many scopes each rule has pending and firing (for metrics)."""
+        counts: dict[tuple[str, str], int] = {}
+        for rule, states in self._states.items():
+            for state in states.values():
+                if state.phase in ("pending", "firing"):
+                    key = (rule, state.phase)
+                    counts[key] = counts.get(key, 0) + 1
+        return counts
+
     @property
     def incidents(self) -> list[Incident]:
         return [

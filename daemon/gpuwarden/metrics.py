@@ -1,0 +1,305 @@
+"""The optional Prometheus endpoint: GPU gauges under dcgm-exporter's names, and gpuwarden's own.
+
+Each ``Metrics`` owns a private ``CollectorRegistry``; the process-wide default registry is never
+touched, so two instances (or two tests) never see each other's values.
+
+GPU gauges carry dcgm-exporter's metric names and labels, so dashboards written for it work
+unchanged. They can be switched off (``gpu_gauges=False``) where dcgm-exporter already runs. A
+value the device cannot tell is not exported at all (never as ``0``). A lost GPU exports no
+dcgm gauge; ``gpuwarden_gpu_lost`` (always exported, 1 for a lost GPU, 0 otherwise) says so.
+``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen on the GPU since gpuwarden started; a GPU with
+no XID seen yet has no sample.
+
+Thread safety: the run loop calls ``observe_*`` from its thread while the HTTP server thread
+scrapes; values read at scrape time are replaced whole under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuwarden.model import EventKind, GpuState, Snapshot
+
+DEFAULT_PORT: Final = 9400
+DEFAULT_HOST: Final = "127.0.0.1"
+STEP_RESULTS: Final = frozenset({"ok", "failed", "refused", "dry_run"})
+# Seconds: a healthy tick takes about a millisecond; anything past a few seconds is a stall.
+TICK_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+DCGM_LABELS: Final = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id")
+# (name, help); dcgm-exporter exports all of them as gauges.
+DCGM_GAUGES: Final = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."),
+)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``"127.0.0.1:9400"``, ``":9400"`` or ``"9400"`` (127.0.0.1), ``"[::1]:9400"``,
+    ``"localhost:0"`` (any free port) -> (host, port).
+
+    Raises ``ValueError`` saying what is wrong."""
+    text = listen.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = "", text
+    elif host.startswith("["):
+        if not host.endswith("]") or len(host) < 3:
+            raise ValueError(
+                f"bad listen address {listen!r}: expected [IPv6]:port, e.g. [::1]:9400"
+            )
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(
+            f"bad listen address {listen!r}: put an IPv6 address in brackets, [::1]:9400"
+        )
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"bad listen address {listen!r}: the port must be 0..65535")
+    return host or DEFAULT_HOST, int(port_text)
+
+
+def _labels(gpu: GpuState, host: str) -> list[str]:
+    return [str(gpu.index), gpu.uuid or "", gpu.device, gpu.name or "", host, gpu.pci_bus_id or ""]
+
+
+@dataclass(frozen=True)
+class _Latest:
+    """What the collectors read at scrape time; replaced whole each tick."""
+
+    snapshot: Snapshot | None = None
+    last_xid: Mapping[int, int] | None = None
+    rule_states: Mapping[tuple[str, str], int] | None = None
+    open_incidents: int = 0
+    outbox: Mapping[str, int] | None = None
+    delivery_failures: int = 0
+
+
+class _GpuCollector(Collector):
+    """dcgm-exporter's gauges from the latest snapshot."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        latest = self._metrics.latest()
+        families = {
+            name: GaugeMetricFamily(name, text, labels=DCGM_LABELS) for name, text in DCGM_GAUGES
+        }
+        snapshot = latest.snapshot
+        if snapshot is not None:
+            last_xid = latest.last_xid or {}
+            for gpu in snapshot.gpus:
+                if gpu.lost:
+                    continue
+                labels = _labels(gpu, snapshot.host)
+                values = {
+                    "DCGM_FI_DEV_GPU_UTIL": gpu.utilization_pct,
+                    "DCGM_FI_DEV_FB_USED": gpu.memory.used_mib,
+                    "DCGM_FI_DEV_FB_FREE": gpu.memory.free_mib,
+                    "DCGM_FI_DEV_GPU_TEMP": gpu.temperature_c,
+                    "DCGM_FI_DEV_POWER_USAGE": gpu.power_w,
+                    "DCGM_FI_DEV_XID_ERRORS": last_xid.get(gpu.index),
+                }
+                for name, value in values.items():
+                    if value is not None:
+                        families[name].add_metric(labels, float(value))
+        yield from families.values()
+
+
+class _StateCollector(Collector):
+    """gpuwarden's values that the run loop sets whole each tick (not accumulated here)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        latest = self._metrics.latest()
+        lost = GaugeMetricFamily(
+            "gpuwarden_gpu_lost",
+            "1 when the GPU could not be read at all (it fell off the bus), else 0.",
+            labels=DCGM_LABELS,
+        )
+        if latest.snapshot is not None:
+            for gpu in latest.snapshot.gpus:
+                lost.add_metric(_labels(gpu, latest.snapshot.host), 1.0 if gpu.lost else 0.0)
+        yield lost
+        states = GaugeMetricFamily(
+            "gpuwarden_rule_scopes",
+            "Scopes (GPUs, processes) a rule is in the given state for.",
+            labels=("rule", "state"),
+        )
+        for (rule, state), count in sorted((latest.rule_states or {}).items()):
+            states.add_metric([rule, state], float(count))
+        yield states
+        yield GaugeMetricFamily(
+            "gpuwarden_open_incidents", "Incidents open now.", value=latest.open_incidents
+        )
+        outbox = GaugeMetricFamily(
+            "gpuwarden_outbox_messages",
+            "Notification outbox messages by status.",
+            labels=("status",),
+        )
+        for status, count in sorted((latest.outbox or {}).items()):
+            outbox.add_metric([status], float(count))
+        yield outbox
+        yield CounterMetricFamily(
+            "gpuwarden_notification_delivery_failures",
+            "Notification delivery attempts that failed.",
+            value=latest.delivery_failures,
+        )
+
+
+class Metrics:
+    """Everything gpuwarden exports to Prometheus, on a registry of its own."""
+
+    def __init__(self, *, gpu_gauges: bool = True) -> None:
+        self.registry = CollectorRegistry()
+        self._lock = threading.Lock()
+        self._latest = _Latest()
+        self._last_xid: dict[int, int] = {}
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        if gpu_gauges:
+            self.registry.register(_GpuCollector(self))
+        self.registry.register(_StateCollector(self))
+        reg = self.registry
+        self.steps = Counter(
+            "gpuwarden_steps",
+            "Ladder steps by action kind and result.",
+            ("kind", "result"),
+            registry=reg,
+        )
+        self.tick_seconds = Histogram(
+            "gpuwarden_tick_duration_seconds",
+            "Time one tick took: read the source, evaluate rules, dispatch steps.",
+            buckets=TICK_BUCKETS,
+            registry=reg,
+        )
+        self.last_tick = Gauge(
+            "gpuwarden_last_tick_timestamp_seconds",
+            "Unix time of the snapshot the last tick read.",
+            registry=reg,
+        )
+        self.reloads = Counter(
+            "gpuwarden_reloads", "Config and playbook reloads by result.", ("result",), registry=reg
+        )
+        for result in ("ok", "failed"):
+            self.reloads.labels(result)
+        self.last_reload = Gauge(
+            "gpuwarden_last_reload_timestamp_seconds",
+            "Unix time of the last reload attempt.",
+            registry=reg,
+        )
+        self.last_reload_ok = Gauge(
+            "gpuwarden_last_reload_successful",
+            "1 when the last reload was applied, 0 when it was refused.",
+            registry=reg,
+        )
+        self.breaker = Gauge(
+            "gpuwarden_circuit_breaker_tripped",
+            "1 while the circuit breaker halts destructive steps.",
+            registry=reg,
+        )
+        self.cloud_instances = Gauge(
+            "gpuwarden_cloud_instances", "Cloud instances gpuwarden started and runs.", registry=reg
+        )
+        self.cloud_spend = Gauge(
+            "gpuwarden_cloud_spend_dollars",
+            "Estimated spend on cloud instances gpuwarden started (USD).",
+            registry=reg,
+        )
+
+    def latest(self) -> _Latest:
+        with self._lock:
+            return self._latest
+
+    # -- what the run loop calls --------------------------------------------------------------
+
+    def observe_tick(
+        self,
+        snapshot: Snapshot,
+        seconds: float,
+        rule_states: Mapping[tuple[str, str], int],
+        open_incidents: int,
+    ) -> None:
+        """After each tick: the snapshot it read, how long it took, rule states, open incidents."""
+        for event in snapshot.events:
+            if event.kind == EventKind.XID and event.gpu is not None and event.xid is not None:
+                self._last_xid[event.gpu] = event.xid
+        self.tick_seconds.observe(seconds)
+        self.last_tick.set(snapshot.time)
+        with self._lock:
+            self._latest = _Latest(
+                snapshot=snapshot,
+                last_xid=dict(self._last_xid),
+                rule_states=dict(rule_states),
+                open_incidents=open_incidents,
+                outbox=self._latest.outbox,
+                delivery_failures=self._latest.delivery_failures,
+            )
+
+    def observe_step(self, kind: str, result: str) -> None:
+        """A step finished: ``result`` is ok, failed, refused or dry_run."""
+        if result not in STEP_RESULTS:
+            raise ValueError(f"step result {result!r}: expected one of {sorted(STEP_RESULTS)}")
+        self.steps.labels(kind, result).inc()
+
+    def observe_outbox(self, counts: Mapping[str, int], failures_total: int) -> None:
+        """The outbox's messages by status, and delivery failures since the daemon started."""
+        with self._lock:
+            old = self._latest
+            self._latest = _Latest(
+                snapshot=old.snapshot,
+                last_xid=old.last_xid,
+                rule_states=old.rule_states,
+                open_incidents=old.open_incidents,
+                outbox=dict(counts),
+                delivery_failures=failures_total,
+            )
+
+    def observe_reload(self, ok: bool, when: float) -> None:
+        self.reloads.labels("ok" if ok else "failed").inc()
+        self.last_reload.set(when)
+        self.last_reload_ok.set(1 if ok else 0)
+
+    def observe_breaker(self, tripped: bool) -> None:
+        self.breaker.set(1 if tripped else 0)
+
+    # -- the endpoint -------------------------------------------------------------------------
+
+    def serve(self, listen: str) -> tuple[WSGIServer, threading.Thread]:
+        """Serve ``/metrics`` on ``listen`` (see ``parse_listen``) from a daemon thread."""
+        if self._server is not None:
+            raise RuntimeError("metrics are already served")
+        host, port = parse_listen(listen)
+        self._server, self._thread = start_http_server(port, host, registry=self.registry)
+        return self._server, self._thread
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """(host, port) actually bound, or ``None`` when not serving."""
+        if self._server is None:
+            return None
+        bound = self._server.server_address
+        return str(bound[0]), int(bound[1])
+
+    def close(self) -> None:
+        """Stop serving; safe to call twice or when never served."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)

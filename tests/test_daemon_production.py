@@ -1,0 +1,112 @@
+"""The daemon as systemd runs it: readiness and reloads over a real notify socket, playbook
+edits picked up while it runs, a broken edit refused, and both visible in the metrics."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def until(predicate: Callable[[], bool], timeout: float) -> float:
+    began = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - began < timeout, "timed out"
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
+
+
+def test_reload_readiness_and_metrics_while_running(tmp_path: Path) -> None:
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    shutil.copy(ROOT / "playbooks" / "memory-pressure.yaml", playbooks)
+    port = free_port()
+    cfg = tmp_path / "gpuwarden.yaml"
+    cfg.write_text(
+        (ROOT / "config" / "demo.yaml").read_text()
+        + f"\nmetrics: {{listen: '127.0.0.1:{port}'}}\nreload: {{debounce: 100ms}}\n"
+    )
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(10)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "run",
+            "--config",
+            str(cfg),
+            "--playbooks",
+            str(playbooks),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--source",
+            "scenario:scenarios/thermal-throttling.yaml",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")},
+    )
+    try:
+        assert b"READY=1" in notify.recv(4096)
+        until(lambda: "gpuwarden_tick_duration_seconds_count" in scrape(port), 10)
+        rules = playbooks / "memory-pressure.yaml"
+        rules.write_text(rules.read_text().replace("used_pct >= 95", "used_pc >= 95"))
+        refused = until(lambda: 'gpuwarden_reloads_total{result="failed"} 1.0' in scrape(port), 5)
+        rules.write_text(rules.read_text().replace("used_pc >= 95", "used_pct >= 97"))
+        taken = until(lambda: 'gpuwarden_reloads_total{result="ok"} 1.0' in scrape(port), 5)
+        assert refused < 2.0
+        assert taken < 2.0
+        process.send_signal(signal.SIGHUP)  # the same path by signal: RELOADING, then READY
+        messages: list[bytes] = []
+
+        def reloading() -> bool:
+            messages.append(notify.recv(4096))
+            return b"RELOADING=1" in b"".join(messages)
+
+        until(reloading, 5)
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    rest = b""
+    notify.settimeout(0.5)
+    try:
+        while True:
+            rest += notify.recv(4096)
+    except OSError:
+        pass
+    notify.close()
+    assert process.returncode == 0, err
+    assert f"{rules}:13:11: unknown field gpu.memory.used_pc" in err
+    assert "reload: ok (changed: gpu-memory-pressure)" in err
+    assert b"STOPPING=1" in rest
+    assert "Traceback" not in err
