@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-test
 DEMO_SCENARIO ?= scenarios/memory-pressure-low-priority.yaml
 DEMO_STATE    := $(VENV)/demo-state
 
-.PHONY: demo test lint bench golden gpu-check clean
+.PHONY: demo test lint bench golden gpu-check install uninstall clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,29 @@ gpu-check: $(STAMP)
 	$(BIN)/gpuwarden status --source nvml --json
 	$(BIN)/gpuwarden record --out $(VENV)/gpu-check-record.yaml --duration 10s --interval 1s
 	$(BIN)/gpuwarden status --source scenario:$(VENV)/gpu-check-record.yaml --json
+
+# Install on this machine (as root): a venv under $(PREFIX), the command in /usr/local/bin,
+# config and playbooks under /etc/gpuwarden (never overwriting an edited one), the unit.
+# docs/operations.md explains each step. DESTDIR stages it in a folder to inspect (a venv
+# only runs from the path it was made at: install for real without DESTDIR).
+PREFIX  ?= /opt/gpuwarden
+DESTDIR ?=
+install:
+	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
+	$(DESTDIR)$(PREFIX)/bin/pip install --quiet .
+	install -d -m 0755 $(DESTDIR)/usr/local/bin $(DESTDIR)/etc/gpuwarden/playbooks $(DESTDIR)/etc/systemd/system
+	ln -sf $(PREFIX)/bin/gpuwarden $(DESTDIR)/usr/local/bin/gpuwarden
+	test -e $(DESTDIR)/etc/gpuwarden/gpuwarden.yaml || install -m 0644 config/gpuwarden.yaml $(DESTDIR)/etc/gpuwarden/gpuwarden.yaml
+	for f in playbooks/*.yaml; do test -e $(DESTDIR)/etc/gpuwarden/$$f || install -m 0644 $$f $(DESTDIR)/etc/gpuwarden/$$f; done
+	install -m 0644 systemd/gpuwarden.service $(DESTDIR)/etc/systemd/system/gpuwarden.service
+	@echo "installed; next: gpuwarden check --config /etc/gpuwarden/gpuwarden.yaml && systemctl daemon-reload && systemctl enable --now gpuwarden"
+
+# Remove what install put in place; the config, the playbooks and the journal stay.
+uninstall:
+	-systemctl disable --now gpuwarden 2>/dev/null
+	rm -f $(DESTDIR)/etc/systemd/system/gpuwarden.service $(DESTDIR)/usr/local/bin/gpuwarden
+	rm -rf $(DESTDIR)$(PREFIX)
+	@echo "removed; kept /etc/gpuwarden and /var/lib/gpuwarden (delete them by hand if you wish)"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
