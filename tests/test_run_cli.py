@@ -89,6 +89,8 @@ def test_sigterm_stops_cleanly_and_takes_the_jobs_down(tmp_path: Path) -> None:
     )
     assert process.stderr is not None
     first = process.stderr.readline()
+    while first.startswith("WARNING gpuwarden.doctor"):  # self-check findings come first
+        first = process.stderr.readline()
     assert first.startswith("gpuwarden: running 1 rule(s)")
     time.sleep(1.0)
     process.send_signal(signal.SIGTERM)
@@ -159,3 +161,41 @@ def test_reset_breaker_when_not_tripped(tmp_path: Path) -> None:
     assert result.returncode == 0
     assert "not tripped" in result.stdout
     assert os.path.exists(tmp_path / "state" / "journal.db")
+
+
+def test_run_refuses_playbooks_others_can_edit(tmp_path: Path) -> None:
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    rules = playbooks / "memory-pressure.yaml"
+    rules.write_text((ROOT / "playbooks" / "memory-pressure.yaml").read_text())
+    rules.chmod(0o666)
+    args = [
+        "run",
+        "--config",
+        "config/demo.yaml",
+        "--source",
+        SCENARIO,
+        "--once",
+        "--playbooks",
+        str(playbooks),
+        "--state-dir",
+        str(tmp_path / "state"),
+    ]
+    refused = gpuwarden(*args)
+    assert refused.returncode == ExitCode.UNSAFE_SETUP
+    assert f"chmod go-w {rules}" in refused.stderr
+    allowed = gpuwarden(*args, "--insecure-permissions")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "allowed by --insecure-permissions" in allowed.stderr
+
+
+def test_doctor_lists_findings_with_fixes(tmp_path: Path) -> None:
+    result = gpuwarden(
+        "doctor", "--config", "config/demo.yaml", "--state-dir", str(tmp_path / "state"), "--json"
+    )
+    findings = json.loads(result.stdout)
+    checks = {f["check"]: f for f in findings}
+    assert checks["state_dir"]["ok"]
+    assert not checks["notify oncall"]["ok"]  # GPUWARDEN_ONCALL_URL is not set here
+    assert "GPUWARDEN_ONCALL_URL" in checks["notify oncall"]["detail"]
+    assert result.returncode == 1

@@ -147,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     cli_run.add_commands(sub, common, _duration)
+    cli_run.add_doctor(sub, common)
 
     sub.add_parser(
         "schema",
@@ -358,6 +359,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return cli_run.cmd_run(args, cfg, _playbook_paths(args.playbooks, cfg), found)
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    found = _config_path(args.config)
+    cfg = config.Config() if found is None else config.load(found)
+    return cli_run.cmd_doctor(args, cfg, _playbook_paths(None, cfg), found)
+
+
 def _with_config(
     command: Callable[[argparse.Namespace, config.Config], int],
 ) -> Callable[[argparse.Namespace], int]:
@@ -382,6 +389,7 @@ COMMANDS = {
     "ack": _with_config(cli_run.cmd_ack),
     "notify-test": _with_config(cli_run.cmd_notify_test),
     "outbox": _with_config(cli_run.cmd_outbox),
+    "doctor": cmd_doctor,
 }
 
 

@@ -51,6 +51,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, duration: Any) -> No
     )
     run.add_argument("--once", action="store_true", help="take one tick and stop")
     run.add_argument(
+        "--insecure-permissions",
+        action="store_true",
+        help="start even if the config or playbooks are writable by others",
+    )
+    run.add_argument(
         "--speed",
         type=float,
         metavar="N",
@@ -135,6 +140,7 @@ def cmd_run(
     from gpuwarden.sources.select import open_source, parse_spec
 
     logging.getLogger("gpuwarden").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    _self_check(args, cfg, playbook_paths, config_path)
     playbooks = loader.load(playbook_paths, cfg)
     spec = parse_spec(args.source or cfg.source)
     if args.speed is not None and (args.speed <= 0 or not spec.replay):
@@ -370,3 +376,81 @@ def cmd_outbox(args: argparse.Namespace, cfg: config.Config) -> int:
         error = f" — {r.last_error}" if r.last_error else ""
         print(f"  {r.status:<8} {r.target:<12} attempts {r.attempts}  {r.title}{error}")
     return ExitCode.OK
+
+
+# What keeps `run` from starting; every other finding is logged and the daemon starts (a
+# missing notification secret must not leave a node unguarded).
+BLOCKING_CHECKS = ("state_dir", "config", "playbooks", "mode ")
+
+
+def _self_check(
+    args: argparse.Namespace,
+    cfg: config.Config,
+    playbook_paths: list[str],
+    config_path: Path | None,
+) -> None:
+    from gpuwarden import doctor
+
+    if args.source:  # check the source this run uses, not the config's
+        cfg = cfg.model_copy(update={"source": args.source})
+    findings = doctor.run_checks(
+        cfg,
+        config_path,
+        playbook_paths,
+        state_dir=_state_dir(args, cfg),
+        insecure_permissions=args.insecure_permissions,
+    )
+    log = logging.getLogger("gpuwarden.doctor")
+    for finding in findings:
+        if not finding.ok:
+            log.warning(
+                "check=%s severity=%s detail=%s fix=%s",
+                finding.check,
+                finding.severity,
+                finding.detail,
+                finding.fix,
+            )
+    blocking = [f for f in doctor.blocking(findings) if f.check.startswith(BLOCKING_CHECKS)]
+    if blocking:
+        print(doctor.render(blocking), file=sys.stderr)
+        raise SystemExit(ExitCode.UNSAFE_SETUP)
+
+
+def add_doctor(sub: Any, common: argparse.ArgumentParser) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check this machine's setup",
+        description="Check NVML, permissions, the state directory, file modes, the config and "
+        "playbooks, notification targets and cloud credentials; each finding says what to fix. "
+        "Exit 1 if any is an error.",
+    )
+    doctor.add_argument(
+        "--insecure-permissions",
+        action="store_true",
+        help="report writable config or playbooks as warnings, not errors",
+    )
+    doctor.add_argument("--state-dir", type=Path, metavar="DIR")
+    doctor.add_argument("--json", action="store_true")
+
+
+def cmd_doctor(
+    args: argparse.Namespace,
+    cfg: config.Config,
+    playbook_paths: list[str],
+    config_path: Path | None,
+) -> int:
+    from gpuwarden import doctor
+
+    findings = doctor.run_checks(
+        cfg,
+        config_path,
+        playbook_paths,
+        state_dir=_state_dir(args, cfg),
+        insecure_permissions=args.insecure_permissions,
+    )
+    if args.json:
+        print(json.dumps(doctor.as_json(findings), indent=2))
+    else:
+        print(doctor.render(findings))
+    return doctor.exit_code(findings)

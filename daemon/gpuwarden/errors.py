@@ -18,6 +18,7 @@ class ExitCode(enum.IntEnum):
     FAILURE = 1  # an unexpected failure: a bug, report it
     BAD_INPUT = 2  # bad command line, or a malformed scenario / CSV / config file
     SOURCE_UNAVAILABLE = 3  # no NVML library, no driver, no permission to read the GPUs
+    UNSAFE_SETUP = 4  # `run` refused to start: see its self-check findings (gpuwarden doctor)
     INTERRUPTED = 130  # stopped with Ctrl-C
 
 

@@ -49,7 +49,7 @@ class ProcessAttributor(Protocol):
     def describe(self, pids: Iterable[int], now: float) -> dict[int, ProcessInfo]: ...
 
 
-def _unavailable(exc: Any) -> SourceUnavailable:
+def unavailable(exc: Any) -> SourceUnavailable:
     """nvmlInit's failure as the one message a person can act on."""
     code = getattr(exc, "value", None)
     if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
@@ -115,7 +115,7 @@ class NvmlSource:
         try:
             pynvml.nvmlInitWithFlags(pynvml.NVML_INIT_FLAG_NO_GPUS)
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         try:
             count = int(pynvml.nvmlDeviceGetCount())
         except pynvml.NVMLError as exc:

@@ -1,0 +1,255 @@
+"""Self-checks (``gpuwarden doctor``) against real files, real processes and this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden import doctor
+from gpuwarden.config import CloudProfile, Config
+from gpuwarden.doctor import Finding
+
+PLAYBOOK = """\
+rules:
+  - name: hot
+    for_each: gpu
+    when: gpu.temperature_c > 90
+    steps:
+      - notify: oncall
+"""
+SECRET = "s3cretpassw0rd"
+
+
+@pytest.fixture
+def sleeper() -> Iterator[int]:
+    """A real process to probe instead of PID 1 (whose environ a sandbox may hide)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield child.pid
+    child.kill()
+    child.wait()
+
+
+def write_setup(tmp_path: Path, notify: str = "") -> tuple[Path, Path]:
+    books = tmp_path / "playbooks"
+    books.mkdir(mode=0o755)
+    (books / "hot.yaml").write_text(PLAYBOOK)
+    (books / "hot.yaml").chmod(0o644)
+    config = tmp_path / "gpuwarden.yaml"
+    config.write_text(
+        f"playbooks: {books}\nstate_dir: {tmp_path / 'state'}\n"
+        + (notify or "notify:\n  targets:\n    oncall:\n      urls: ['json://127.0.0.1:9/hook']\n")
+    )
+    config.chmod(0o600)
+    return config, books
+
+
+def by_check(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.check: f for f in findings}
+
+
+def test_valid_setup_is_all_ok_except_nvml_without_a_gpu(tmp_path: Path, sleeper: int) -> None:
+    config, books = write_setup(tmp_path)
+    findings = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    checks = by_check(findings)
+    assert checks["nvml"].severity == "warning"
+    assert checks["nvml"].fix is not None
+    assert "driver" in checks["nvml"].fix
+    others = [f for f in findings if f.check != "nvml"]
+    assert [f for f in others if not f.ok] == []
+    assert {"config", "signal", "renice", "environ", "state_dir", "modes", "playbooks"} <= set(
+        checks
+    )
+    assert checks["notify oncall"].ok
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    assert doctor.exit_code(findings) == 0
+
+
+def test_group_writable_playbook_refuses_unless_insecure(tmp_path: Path, sleeper: int) -> None:
+    config, books = write_setup(tmp_path)
+    (books / "hot.yaml").chmod(0o664)
+    strict = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    bad = by_check(strict)[f"mode {books / 'hot.yaml'}"]
+    assert bad.severity == "error"
+    assert bad.fix is not None
+    assert bad.fix.startswith(f"chmod go-w {books / 'hot.yaml'}")
+    assert doctor.exit_code(strict) == 1
+    assert doctor.blocking(strict) == [bad]
+
+    loose = doctor.run_checks(None, config, [books], probe_pid=sleeper, insecure_permissions=True)
+    assert by_check(loose)[f"mode {books / 'hot.yaml'}"].severity == "warning"
+    assert doctor.exit_code(loose) == 0
+
+
+def test_world_writable_config_is_an_error(tmp_path: Path, sleeper: int) -> None:
+    config, books = write_setup(tmp_path)
+    config.chmod(0o606)
+    finding = by_check(doctor.run_checks(None, config, [books], probe_pid=sleeper))[
+        f"mode {config}"
+    ]
+    assert finding.severity == "error"
+    assert "writable by group or other" in finding.detail
+
+
+def test_state_dir_under_a_regular_file_is_an_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    finding = doctor.check_state_dir(blocker / "state")
+    assert finding.severity == "error"
+    assert str(blocker / "state") in finding.detail
+    assert finding.fix is not None
+    assert "0700" in finding.fix
+
+
+def test_state_dir_created_and_probe_removed(tmp_path: Path) -> None:
+    state = tmp_path / "a" / "b"
+    assert doctor.check_state_dir(state).ok
+    assert list(state.iterdir()) == []
+
+
+def test_missing_notify_secret_names_the_variable_not_any_secret(
+    tmp_path: Path, sleeper: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUWARDEN_DOCTOR_MISSING", raising=False)
+    notify = (
+        "notify:\n  targets:\n"
+        "    oncall:\n      urls: [{env: GPUWARDEN_DOCTOR_MISSING}]\n"
+        f"    chat:\n      urls: ['json://bot:{SECRET}@127.0.0.1:9/hook']\n"
+        f"    broken:\n      urls: ['nosuchscheme://{SECRET}@x/y']\n"
+    )
+    config, books = write_setup(tmp_path, notify)
+    findings = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    checks = by_check(findings)
+    assert checks["notify oncall"].severity == "error"
+    assert "GPUWARDEN_DOCTOR_MISSING" in checks["notify oncall"].detail
+    assert checks["notify chat"].ok
+    assert checks["notify broken"].severity == "error"
+    text = doctor.render(findings) + json.dumps(doctor.as_json(findings))
+    assert SECRET not in text
+    assert doctor.exit_code(findings) == 1
+
+
+def test_config_error_carries_its_position(tmp_path: Path, sleeper: int) -> None:
+    config, books = write_setup(tmp_path)
+    config.write_text("tick: 2s\nno_such_key: 1\n")
+    config.chmod(0o600)
+    findings = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    bad = by_check(findings)["config"]
+    assert bad.severity == "error"
+    assert f"{config}:2:1" in bad.detail
+    assert "playbooks" not in by_check(findings)  # nothing to check them against
+
+
+def test_broken_playbook_is_an_error_with_position(tmp_path: Path, sleeper: int) -> None:
+    config, books = write_setup(tmp_path)
+    (books / "hot.yaml").write_text(PLAYBOOK.replace("gpu.temperature_c", "gpu.nope"))
+    finding = by_check(doctor.run_checks(None, config, [books], probe_pid=sleeper))["playbooks"]
+    assert finding.severity == "error"
+    assert f"{books / 'hot.yaml'}:4:" in finding.detail
+
+
+@pytest.mark.parametrize(
+    ("capeff", "expected"),
+    [
+        ("0000000000000000", set()),
+        ("0000000000000020", {"CAP_KILL"}),
+        ("0000000000a80004", {"CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE", "CAP_SYS_ADMIN",
+                              "CAP_SYS_NICE"}),
+        # this sandbox's mask: every capability but CAP_SYS_RESOURCE (bit 24)
+        ("000001fffeffffff", set(doctor.CAPABILITY_BITS) - {"CAP_SYS_RESOURCE"}),
+    ],
+)  # fmt: skip
+def test_capabilities_decode(capeff: str, expected: set[str]) -> None:
+    assert doctor.capabilities(capeff) == expected
+
+
+def test_own_capabilities_read_from_a_status_file(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapPrm:\t0000000000000000\nCapEff:\t0000000000800020\n")
+    assert doctor.own_capabilities(status) == {"CAP_KILL", "CAP_SYS_NICE"}
+    assert doctor.own_capabilities(tmp_path / "missing") is None
+
+
+def test_signal_probe_of_a_gone_process_warns() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    finding = doctor.check_signal(child.pid, None)
+    assert finding.severity == "warning"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another user")
+def test_unprivileged_user_gets_capability_fixes() -> None:
+    """A forked child becomes nobody (no capabilities left) and probes its root parent."""
+    parent = os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running pytest's teardown
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            caps = doctor.own_capabilities()
+            found = [
+                doctor.check_signal(parent, caps),
+                doctor.check_renice(parent, caps),
+                doctor.check_environ(parent),
+            ]
+            os.write(write, json.dumps(doctor.as_json(found)).encode())
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as handle:
+        data = handle.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    reported = {f["check"]: f for f in json.loads(data)}
+    assert reported["signal"]["severity"] == "warning"
+    assert "CAP_KILL" in reported["signal"]["fix"]
+    assert reported["renice"]["severity"] == "warning"
+    assert "CAP_SYS_NICE" in reported["renice"]["fix"]
+    assert reported["environ"]["severity"] == "warning"
+    assert "CAP_SYS_PTRACE" in reported["environ"]["fix"]
+
+
+def test_cloud_credentials() -> None:
+    profile = CloudProfile(region="us-east-1", instance_types=("p4d.24xlarge",))
+    config = Config.model_validate({"cloud": {"profiles": {"burst": profile.model_dump()}}})
+
+    def missing_boto3(_: CloudProfile) -> bool:
+        raise ImportError("boto3")
+
+    none = doctor.check_cloud(config, lambda _: False)
+    assert none[0].severity == "warning"
+    assert none[0].detail == "no AWS credentials found for profile burst"
+    assert doctor.check_cloud(config, lambda _: True)[0].ok
+    absent = doctor.check_cloud(config, missing_boto3)[0]
+    assert absent.severity == "warning"
+    assert absent.fix == "pip install boto3"
+    assert doctor.check_cloud(Config(), missing_boto3) == []
+
+
+def test_nvml_skipped_for_other_sources() -> None:
+    assert doctor.check_nvml("scenario:drill.yaml").ok
+
+
+def test_render_and_exit_codes() -> None:
+    ok = Finding("nvml", True, "ok", "reachable, 2 GPU(s)")
+    warn = Finding("environ", False, "warning", "cannot read", "grant CAP_SYS_PTRACE")
+    fail = Finding("state_dir", False, "error", "not writable", "chmod 0700")
+    assert doctor.render([ok, warn, fail]).splitlines() == [
+        "ok   nvml: reachable, 2 GPU(s)",
+        "WARN environ: cannot read",
+        "  fix: grant CAP_SYS_PTRACE",
+        "FAIL state_dir: not writable",
+        "  fix: chmod 0700",
+    ]
+    assert doctor.exit_code([]) == 0
+    assert doctor.exit_code([ok]) == 0
+    assert doctor.exit_code([ok, warn]) == 0
+    assert doctor.exit_code([ok, warn, fail]) == 1
