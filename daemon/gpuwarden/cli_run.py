@@ -399,6 +399,7 @@ def _self_check(
         playbook_paths,
         state_dir=_state_dir(args, cfg),
         insecure_permissions=args.insecure_permissions,
+        parse_urls=False,
     )
     log = logging.getLogger("gpuwarden.doctor")
     for finding in findings:

@@ -259,9 +259,7 @@ def check_playbooks(paths: Sequence[Path], config: Config) -> Finding:
 # --- notifications and cloud --------------------------------------------------------------
 
 
-def check_notify(config: Config) -> list[Finding]:
-    import apprise
-
+def check_notify(config: Config, *, parse: bool = True) -> list[Finding]:
     from gpuwarden.notify.routing import redact_url
     from gpuwarden.notify.service import resolver
 
@@ -274,6 +272,11 @@ def check_notify(config: Config) -> list[Finding]:
         except (ValueError, OSError) as exc:  # SecretError names the secret, never its value
             findings.append(_fail(check, str(exc), "provide the secret the target names"))
             continue
+        if not parse:
+            findings.append(_ok(check, f"{len(urls)} URL(s) found"))
+            continue
+        import apprise
+
         bad = [u for u in urls if not apprise.Apprise().add(u)]
         if bad:
             shown = ", ".join(redact_url(u) for u in bad)
@@ -331,9 +334,12 @@ def run_checks(
     insecure_permissions: bool = False,
     probe_pid: int | None = None,
     cloud_credentials: Callable[[CloudProfile], bool] = aws_credentials,
+    parse_urls: bool = True,
 ) -> list[Finding]:
     """Every check, in a fixed order. ``config``: already loaded (else ``config_path`` is
-    loaded, else the defaults); ``playbook_paths`` and ``state_dir`` default to the config's."""
+    loaded, else the defaults); ``playbook_paths`` and ``state_dir`` default to the config's.
+    ``parse_urls=False`` (the daemon's own start) checks that targets' secrets are there
+    without loading apprise to parse the URLs: apprise's plugins cost ~20 MiB of memory."""
     findings: list[Finding] = []
     if config_path is not None:
         loaded, finding = load_config(config_path)
@@ -355,7 +361,7 @@ def run_checks(
         )
     if config is not None or config_path is None:
         findings.append(check_playbooks(paths, usable))
-        findings += check_notify(usable)
+        findings += check_notify(usable, parse=parse_urls)
         findings += check_cloud(usable, cloud_credentials)
     return findings
 
