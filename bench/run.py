@@ -1,7 +1,7 @@
 """Benchmarks, run by hand or with ``make bench``; results go to docs/performance.md.
 
     python bench/run.py                 # everything (telemetry, then engine and drill)
-    python bench/run.py telemetry       # one group: telemetry | engine | drill
+    python bench/run.py telemetry       # one group: telemetry | engine | drill | daemon
 
 Each benchmark repeats its operation, reports the median and the spread of several rounds,
 and never asserts a time: machines are noisy, so compare medians and ratios, and always with
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GROUPS = ("telemetry", "engine", "drill")
+GROUPS = ("telemetry", "engine", "drill", "daemon")
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,10 @@ def main(argv: list[str]) -> int:
         import throughput
 
         throughput.main()
+    if "daemon" in wanted:
+        import daemon
+
+        daemon.main()
     print(f"\nall benchmarks: {time.perf_counter() - began:.0f} s wall · {load()}")
     return 0
 
