@@ -71,6 +71,7 @@ class Runtime:
         self.source = source
         self.journal = journal
         self.clock = clock or SystemClock()
+        self._forced_dry_run = dry_run  # --dry-run holds across reloads
         self.dry_run = dry_run or config.dry_run
         self.power = power
         self.host = host
@@ -379,6 +380,9 @@ class Runtime:
             return
         if result.ok:
             closed = self.engine.replace(result.playbooks, result.config, now)
+            self.config = result.config
+            self.rails = Rails(result.config.safety, self.journal)
+            self.dry_run = self._forced_dry_run or result.config.dry_run
             if closed:
                 self.journal.record_all(closed, now)
         elif self.notifications is not None and result.error is not None:
