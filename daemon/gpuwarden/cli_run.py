@@ -393,14 +393,7 @@ def _self_check(
 
     if args.source:  # check the source this run uses, not the config's
         cfg = cfg.model_copy(update={"source": args.source})
-    findings = doctor.run_checks(
-        cfg,
-        config_path,
-        playbook_paths,
-        state_dir=_state_dir(args, cfg),
-        insecure_permissions=args.insecure_permissions,
-        parse_urls=False,
-    )
+    findings = _findings(args, cfg, playbook_paths, config_path, parse_urls=False)
     log = logging.getLogger("gpuwarden.doctor")
     for finding in findings:
         if not finding.ok:
@@ -443,15 +436,29 @@ def cmd_doctor(
 ) -> int:
     from gpuwarden import doctor
 
-    findings = doctor.run_checks(
-        cfg,
-        config_path,
-        playbook_paths,
-        state_dir=_state_dir(args, cfg),
-        insecure_permissions=args.insecure_permissions,
-    )
+    findings = _findings(args, cfg, playbook_paths, config_path, parse_urls=True)
     if args.json:
         print(json.dumps(doctor.as_json(findings), indent=2))
     else:
         print(doctor.render(findings))
     return doctor.exit_code(findings)
+
+
+def _findings(
+    args: argparse.Namespace,
+    cfg: config.Config,
+    playbook_paths: list[str],
+    config_path: Path | None,
+    *,
+    parse_urls: bool,
+) -> list[Any]:
+    from gpuwarden import doctor
+
+    return doctor.run_checks(
+        cfg,
+        config_path,
+        playbook_paths,
+        state_dir=_state_dir(args, cfg),
+        insecure_permissions=args.insecure_permissions,
+        parse_urls=parse_urls,
+    )
