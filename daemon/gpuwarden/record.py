@@ -7,6 +7,7 @@ recorded — a recording never carries the rest of a process's environment.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -101,16 +102,7 @@ def _frame(gpu: GpuState, procs: Iterable[GpuProcess]) -> dict[str, Any]:
     if gpu.throttle:
         frame["throttle"] = list(gpu.throttle)
     if gpu.ecc is not None:
-        frame["ecc"] = {
-            k: v
-            for k, v in (
-                ("volatile_corrected", gpu.ecc.volatile_corrected),
-                ("volatile_uncorrected", gpu.ecc.volatile_uncorrected),
-                ("aggregate_corrected", gpu.ecc.aggregate_corrected),
-                ("aggregate_uncorrected", gpu.ecc.aggregate_uncorrected),
-            )
-            if v is not None
-        }
+        frame["ecc"] = {k: v for k, v in dataclasses.asdict(gpu.ecc).items() if v is not None}
     jobs: dict[str, Any] = {}
     attributed = 0
     for proc in procs:

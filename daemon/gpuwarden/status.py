@@ -7,6 +7,7 @@ hide itself.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import unicodedata
 from typing import Any
@@ -34,6 +35,11 @@ def safe_text(text: str) -> str:
 # -- JSON ---------------------------------------------------------------------------------------
 
 
+def _fields(value: Any) -> dict[str, Any] | None:
+    """A sub-record (ECC counters, remapped rows, retired pages) as JSON, or null."""
+    return None if value is None else dataclasses.asdict(value)
+
+
 def gpu_dict(gpu: GpuState) -> dict[str, Any]:
     m = gpu.memory
     return {
@@ -56,29 +62,9 @@ def gpu_dict(gpu: GpuState) -> dict[str, Any]:
         "power_w": gpu.power_w,
         "power_limit_w": gpu.power_limit_w,
         "throttle": None if gpu.throttle is None else list(gpu.throttle),
-        "ecc": None
-        if gpu.ecc is None
-        else {
-            "volatile_corrected": gpu.ecc.volatile_corrected,
-            "volatile_uncorrected": gpu.ecc.volatile_uncorrected,
-            "aggregate_corrected": gpu.ecc.aggregate_corrected,
-            "aggregate_uncorrected": gpu.ecc.aggregate_uncorrected,
-        },
-        "remapped_rows": None
-        if gpu.remapped_rows is None
-        else {
-            "correctable": gpu.remapped_rows.correctable,
-            "uncorrectable": gpu.remapped_rows.uncorrectable,
-            "pending": gpu.remapped_rows.pending,
-            "failure": gpu.remapped_rows.failure,
-        },
-        "retired_pages": None
-        if gpu.retired_pages is None
-        else {
-            "single_bit": gpu.retired_pages.single_bit,
-            "double_bit": gpu.retired_pages.double_bit,
-            "pending": gpu.retired_pages.pending,
-        },
+        "ecc": _fields(gpu.ecc),
+        "remapped_rows": _fields(gpu.remapped_rows),
+        "retired_pages": _fields(gpu.retired_pages),
         "pstate": gpu.pstate,
         "mig_mode": gpu.mig_mode,
     }

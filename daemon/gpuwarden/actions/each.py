@@ -21,6 +21,13 @@ def result(target: Target, ok: bool, state: str, detail: str = "") -> TargetResu
     return TargetResult(target.pid, target.create_time, ok=ok, state=state, detail=detail)
 
 
+def wrong_params(intent: Intent, ctx: Context, what: str, expected: type) -> Outcome:
+    """The outcome of a step whose parameters are not the kind its executor takes."""
+    detail = f"{what}: parameters are {type(intent.params).__name__}, not {expected.__name__}"
+    log_action(intent, ctx, error=detail)
+    return Outcome(ok=False, detail=detail, dry_run=ctx.dry_run or intent.shadow)
+
+
 def act_on_each(
     intent: Intent,
     ctx: Context,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import psutil
 
-from gpuwarden.actions.base import Context, log_action
-from gpuwarden.actions.each import act_on_each
+from gpuwarden.actions.base import Context
+from gpuwarden.actions.each import act_on_each, wrong_params
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import IONICE_LEVEL_LOWEST, Denied, PinError, Pinned, ionice_rank, pin
 from gpuwarden.actions.resume import log_undo, undo_target
@@ -84,9 +84,7 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
     dry = ctx.dry_run or intent.shadow
     params = ReniceParams() if intent.params is None else intent.params
     if not isinstance(params, ReniceParams):
-        detail = f"renice: parameters are {type(params).__name__}, not ReniceParams"
-        log_action(intent, ctx, error=detail)
-        return Outcome(ok=False, detail=detail, dry_run=dry)
+        return wrong_params(intent, ctx, "renice", ReniceParams)
     return act_on_each(
         intent,
         ctx,

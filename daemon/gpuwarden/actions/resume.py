@@ -12,6 +12,7 @@ import psutil
 
 from gpuwarden.actions.base import Context, log, log_action, safe, summarise
 from gpuwarden.actions.each import result as _result
+from gpuwarden.actions.each import wrong_params
 from gpuwarden.actions.pin import PinError, pin
 from gpuwarden.actions.suspend import wait_for_status
 from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
@@ -43,9 +44,7 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
     """SIGCONT each target."""
     dry = ctx.dry_run or intent.shadow
     if intent.params is not None and not isinstance(intent.params, ResumeParams):
-        detail = f"resume: parameters are {type(intent.params).__name__}, not ResumeParams"
-        log_action(intent, ctx, error=detail)
-        return Outcome(ok=False, detail=detail, dry_run=dry)
+        return wrong_params(intent, ctx, "resume", ResumeParams)
     results = []
     for target in intent.targets:
         result = resume_target(target, ctx, dry)

@@ -15,8 +15,8 @@ import signal
 
 import psutil
 
-from gpuwarden.actions.base import Context, log_action
-from gpuwarden.actions.each import act_on_each
+from gpuwarden.actions.base import Context
+from gpuwarden.actions.each import act_on_each, wrong_params
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import Pinned, pin
 from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
@@ -70,9 +70,7 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
     dry = ctx.dry_run or intent.shadow
     params = SuspendParams() if intent.params is None else intent.params
     if not isinstance(params, SuspendParams):
-        detail = f"suspend: parameters are {type(params).__name__}, not SuspendParams"
-        log_action(intent, ctx, error=detail)
-        return Outcome(ok=False, detail=detail, dry_run=dry)
+        return wrong_params(intent, ctx, "suspend", SuspendParams)
     return act_on_each(
         intent,
         ctx,
