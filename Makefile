@@ -51,6 +51,7 @@ gpu-check: $(STAMP)
 	$(BIN)/gpuwarden status --source nvml --json
 	$(BIN)/gpuwarden record --out $(VENV)/gpu-check-record.yaml --duration 10s --interval 1s
 	$(BIN)/gpuwarden status --source scenario:$(VENV)/gpu-check-record.yaml --json
+	$(BIN)/python bench/run.py telemetry
 
 # Install on this machine (as root): a venv under $(PREFIX), the command in /usr/local/bin,
 # config and playbooks under /etc/gpuwarden (never overwriting an edited one), the unit.

@@ -51,6 +51,8 @@ def main() -> None:
     rows = max(0, len(csv.read_text(encoding="utf-8").splitlines()) - 1)
     measure(f"nvidia-smi CSV load + parse ({rows} rows)", lambda: SmiCsvSource(csv), rounds=5)
 
+    nvml()
+
     # Attribution of real processes: what a tick pays per GPU process on a busy node.
     children = [
         subprocess.Popen(
@@ -81,6 +83,24 @@ def main() -> None:
             child.wait()
             if child.stdout is not None:
                 child.stdout.close()
+
+
+def nvml() -> None:
+    """The real NVML source, where a driver and GPU exist (skipped, with a line, elsewhere)."""
+    import socket
+
+    from gpuwarden.errors import SourceUnavailable
+    from gpuwarden.sources.nvml import NvmlSource
+
+    try:
+        source = NvmlSource(Attributor(Priorities()), host=socket.gethostname())
+    except SourceUnavailable as exc:
+        print(f"{'NVML snapshot':<52} skipped: {str(exc).splitlines()[0]}")
+        return
+    with source:
+        snap = source.snapshot(0.0)
+        what = f"NVML snapshot, {len(snap.gpus)} GPU(s) x {len(snap.processes)} process(es)"
+        measure(what, lambda: source.snapshot(0.0), rounds=5)
 
 
 if __name__ == "__main__":
