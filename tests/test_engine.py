@@ -45,7 +45,9 @@ OK = Outcome(ok=True, detail="test")
 
 def config(**overrides: Any) -> Config:
     target = NotifyTarget(urls=("json://127.0.0.1:9/hook",))
-    profile = CloudProfile(region="us-east-1", instance_types=("p4d.24xlarge",))
+    profile = CloudProfile(
+        region="us-east-1", instance_types=("p4d.24xlarge",), ami="ami-0123456789abcdef0"
+    )
     values: dict[str, Any] = {
         "notify": Notify(targets={"oncall": target, "team": target}),
         "cloud": Cloud(profiles={"burst": profile}),

@@ -365,7 +365,11 @@ def test_references_resolve_against_the_config_given(tmp_path: Path) -> None:
     cfg = Config(
         notify=Notify(targets={"pager": NotifyTarget(urls=("json://127.0.0.1:9/x",))}),
         cloud=Cloud(
-            profiles={"burst-h100": CloudProfile(region="eu-west-1", instance_types=("g5",))}
+            profiles={
+                "burst-h100": CloudProfile(
+                    region="eu-west-1", instance_types=("g5",), ami="ami-0123456789abcdef0"
+                )
+            }
         ),
     )
     text = rule("    steps:\n      - notify: pager\n      - provision: burst-h100\n")

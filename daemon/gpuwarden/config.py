@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import zoneinfo
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -21,16 +22,19 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from gpuwarden import yamlfile
+from gpuwarden.cloud import tags as cloud_tags
 from gpuwarden.playbook.timewindow import parse_active
 from gpuwarden.units import parse_duration
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.yaml")
 DEFAULT_CLASSES = ("critical", "high", "normal", "low", "scavenger")
+_T = TypeVar("_T")
 
 
 class _Strict(BaseModel):
@@ -202,31 +206,117 @@ class Notify(_Strict):
     drill_rate: int = Field(default=10, ge=1)
 
 
+def _refusing(problem: Callable[[_T], str | None]) -> AfterValidator:
+    """A validator raising what ``problem`` finds wrong with a value."""
+
+    def check(value: _T) -> _T:
+        found = problem(value)
+        if found is not None:
+            raise ValueError(found)
+        return value
+
+    return AfterValidator(check)
+
+
+def _aws_id(kind: str, prefix: str, note: str = "") -> Callable[[str], str | None]:
+    def problem(value: str) -> str | None:
+        if re.fullmatch(rf"{prefix}-[0-9A-Za-z]+", value):
+            return None
+        return f"{value!r} is not a {kind} id: write it as {prefix}-0123456789abcdef0{note}"
+
+    return problem
+
+
+SubnetId = Annotated[str, _refusing(_aws_id("subnet", "subnet"))]
+SecurityGroupId = Annotated[
+    str, _refusing(_aws_id("security group", "sg", " (group names are not accepted)"))
+]
+TagKey = Annotated[str, _refusing(cloud_tags.key_problem)]
+TagValue = Annotated[str, _refusing(cloud_tags.value_problem)]
+ProfileTags = Annotated[dict[TagKey, TagValue], _refusing(cloud_tags.room_problem)]
+UserData = Annotated[
+    str, _refusing(lambda t: "; ".join(cloud_tags.user_data_problems(t, shown=3)) or None)
+]
+Price = Annotated[float, Field(gt=0)]
+
+
+def _repeats(values: tuple[str, ...]) -> list[str]:
+    return sorted({v for v in values if values.count(v) > 1})
+
+
 class CloudProfile(_Strict):
-    """Where and how to burst to cloud GPUs (see docs/cloud.md once provisioning lands)."""
+    """Where and how to burst to cloud GPUs; docs/cloud.md explains every field and the IAM
+    policy gpuwarden needs.
+
+    Exactly one of ``launch_template`` and ``ami`` says what to boot. ``max_instances``
+    (across all incidents) and ``max_hourly_usd`` (with a price in ``prices`` for every
+    instance type) cap what is launched; ``ttl`` is the hard maximum lifetime of an
+    instance, ``linger`` how long it is kept after its incident resolved. ``user_data`` may
+    name only ``${incident} ${rule} ${host} ${profile} ${instance_type} ${expires}``
+    (``$$`` is a dollar). ``tags`` are added to gpuwarden's own ``gpuwarden:*`` tags."""
 
     provider: Literal["aws"] = "aws"
     region: str
-    subnets: tuple[str, ...] = ()
+    subnets: tuple[SubnetId, ...] = ()
     instance_types: tuple[str, ...] = Field(min_length=1)
     launch_template: str | None = None
     ami: str | None = None
-    security_groups: tuple[str, ...] = ()
+    security_groups: tuple[SecurityGroupId, ...] = ()
     key_name: str | None = None
     market: Literal["on-demand", "spot"] = "on-demand"
     count: int = Field(default=1, ge=1)
-    user_data: str | None = None
-    tags: dict[str, str] = Field(default_factory=dict)
+    user_data: UserData | None = None
+    tags: ProfileTags = Field(default_factory=dict)
     max_instances: int = Field(default=1, ge=1)
     max_hourly_usd: float | None = Field(default=None, gt=0)
-    prices: dict[str, float] = Field(default_factory=dict)
-    ttl: Seconds = 8 * 3600.0
-    linger: Seconds = 1800.0
+    prices: dict[str, Price] = Field(default_factory=dict, validate_default=True)
+    ttl: Seconds = Field(default=8 * 3600.0, gt=0)
+    linger: Seconds = Field(default=1800.0, ge=0)
     endpoint_url: str | None = None
+
+    @field_validator("instance_types", "subnets")
+    @classmethod
+    def _once_each(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        repeated = _repeats(value)
+        if repeated:
+            raise ValueError(f"listed more than once: {', '.join(repeated)}")
+        return value
+
+    @field_validator("prices")
+    @classmethod
+    def _priced(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        types = info.data.get("instance_types")
+        if info.data.get("max_hourly_usd") is None or not types:
+            return value
+        missing = [t for t in types if t not in value]
+        if missing:
+            raise ValueError(
+                f"max_hourly_usd needs the hourly price of every instance type; "
+                f"prices has none for {', '.join(missing)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _what_to_boot(self) -> CloudProfile:
+        if self.launch_template is None and self.ami is None:
+            raise ValueError(
+                "say what to boot: set launch_template (a template id lt-… or its name) "
+                "or ami (an image id ami-…)"
+            )
+        if self.launch_template is not None and self.ami is not None:
+            raise ValueError(
+                "set launch_template or ami, not both: the launch template names its own "
+                "image; remove ami, or remove launch_template and keep ami"
+            )
+        return self
 
 
 class Cloud(_Strict):
+    """Cloud profiles by name (``provision: <name>`` in a playbook), and how often the daemon
+    runs the reaper that ends instances past their linger or ttl."""
+
     profiles: dict[str, CloudProfile] = Field(default_factory=dict)
+    reap_interval: Seconds = Field(default=60.0, gt=0)
 
 
 class Limit(_Strict):
