@@ -54,12 +54,10 @@ from gpuwarden.journal_schema import (
     MIGRATIONS,
     JournalError,
     Migration,
-    check_identity,
     check_integrity,
+    check_readable,
     errors,
     migrate,
-    newer_schema,
-    not_a_journal,
     transaction,
 )
 from gpuwarden.model import Intent, Outcome, RuleChange
@@ -144,7 +142,7 @@ class Journal:
             with self._errors("open"):
                 conn.execute("PRAGMA trusted_schema = OFF")
                 if self.readonly:
-                    self._check_readable(conn, len(migrations))
+                    check_readable(conn, self.path, len(migrations))
                 else:
                     conn.execute("PRAGMA journal_mode = WAL")
                     conn.execute("PRAGMA synchronous = FULL")
@@ -154,19 +152,6 @@ class Journal:
             conn.close()
             raise
         return conn
-
-    def _check_readable(self, conn: sqlite3.Connection, known: int) -> None:
-        version = check_identity(conn, self.path)
-        if version == 0:
-            raise not_a_journal(self.path, "an empty file")
-        if version > known:
-            raise newer_schema(self.path, version, known)
-        if version < known:
-            raise JournalError(
-                f"{self.path} has journal schema version {version}; this gpuwarden reads "
-                f"version {known}",
-                hint="start the daemon once: it migrates the journal when it opens it",
-            )
 
     def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
         return errors(self.path, doing, self.timeout)

@@ -160,9 +160,36 @@ _V2 = ddl(
     "CREATE INDEX outbox_due ON outbox (status, next_attempt_at)",
 )
 
+_V3 = ddl(
+    """CREATE TABLE instances (
+        instance_id TEXT PRIMARY KEY,
+        profile TEXT NOT NULL,
+        region TEXT NOT NULL,
+        instance_type TEXT NOT NULL,
+        market TEXT NOT NULL,       -- on-demand | spot
+        state TEXT NOT NULL,        -- an EC2 state, or 'gone' (EC2 no longer reports it)
+        state_at REAL NOT NULL,     -- when the state was last written
+        launched_at REAL NOT NULL,  -- the daemon's clock, not EC2's LaunchTime
+        expires_at REAL NOT NULL,   -- launched_at + the profile's ttl
+        host TEXT NOT NULL,
+        incident TEXT,              -- NULL: adopted without an incident tag
+        rule TEXT,
+        step INTEGER,
+        intent TEXT,
+        subnet TEXT,
+        hourly_usd REAL,            -- NULL: the type has no price in the profile
+        terminated_at REAL,
+        end_reason TEXT,            -- linger | ttl | orphan | manual | gone | external
+        adopted INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX instances_state ON instances (state)",
+    "CREATE INDEX instances_incident ON instances (incident, step)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "incidents, records, intents, undos, actions, breaker", _V1),
     Migration(2, "the notification outbox", _V2),
+    Migration(3, "cloud instances gpuwarden launched or adopted", _V3),
 )
 
 
@@ -197,6 +224,20 @@ def check_identity(conn: sqlite3.Connection, path: Path) -> int:
     if app == 0 and version == 0 and tables == 0:
         return 0
     raise not_a_journal(path, "a SQLite database of another program")
+
+
+def check_readable(conn: sqlite3.Connection, path: Path, known: int) -> None:
+    """A read-only open needs a journal at exactly the version this gpuwarden knows."""
+    version = check_identity(conn, path)
+    if version == 0:
+        raise not_a_journal(path, "an empty file")
+    if version > known:
+        raise newer_schema(path, version, known)
+    if version < known:
+        raise JournalError(
+            f"{path} has journal schema version {version}; this gpuwarden reads version {known}",
+            hint="start the daemon once: it migrates the journal when it opens it",
+        )
 
 
 def migrate(
