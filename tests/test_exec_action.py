@@ -406,14 +406,16 @@ def test_notify_records_the_step_and_finishes_at_once(caplog: pytest.LogCaptureF
     assert all("action=notify" in line and "targets=oncall,chat" in line for line in lines)
 
 
-def test_provision_says_it_launched_nothing(caplog: pytest.LogCaptureFixture) -> None:
+def test_provision_without_a_cloud_service_says_it_launched_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     intent = make_intent(ProvisionParams(profile="burst-a100"), kind="provision")
     with caplog.at_level(logging.INFO, logger="gpuwarden.action"):
         outcome = provision.execute(intent, make_ctx())
     assert not outcome.ok
     assert not outcome.recoverable
-    assert outcome.detail == (
-        "cloud provisioning is not built yet: profile burst-a100 was not launched"
+    assert outcome.detail.startswith(
+        "profile burst-a100 was not launched: the daemon has no cloud service"
     )
     assert len(caplog.records) == 1
     assert "action=provision" in caplog.text

@@ -185,6 +185,12 @@ def cmd_run(
                 f"metrics.listen {cfg.metrics.listen!r}: {exc}",
                 "choose a free address, e.g. 127.0.0.1:9400",
             ) from None
+    cloud = None
+    if cfg.cloud.profiles:  # boto3 itself is imported at the first call to EC2
+        from gpuwarden.cloud.service import CloudService
+        from gpuwarden.cloud.store import InstanceStore
+
+        cloud = CloudService(cfg.cloud, InstanceStore.open(journal.path), host=host)
     runtime = Runtime(
         cfg,
         source,
@@ -199,6 +205,7 @@ def cmd_run(
         metrics=metrics,
         systemd=SystemdNotifier(),
         reloader=Reloader(config_path, playbook_paths, (cfg, playbooks)),
+        cloud=cloud,
     )
     watcher = None
     if cfg.reload.watch:
@@ -237,6 +244,8 @@ def cmd_run(
         if watcher is not None:
             watcher.stop()
         journal.close()
+        if cloud is not None:
+            cloud.store.close()
         if power is not None:
             power.close()
     print(

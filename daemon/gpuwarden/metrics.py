@@ -276,6 +276,11 @@ class Metrics:
     def observe_breaker(self, tripped: bool) -> None:
         self.breaker.set(1 if tripped else 0)
 
+    def observe_cloud(self, instances: int, spend_usd: float) -> None:
+        """Live instances gpuwarden owns, and the estimated spend of all it launched."""
+        self.cloud_instances.set(instances)
+        self.cloud_spend.set(spend_usd)
+
     # -- the endpoint -------------------------------------------------------------------------
 
     def serve(self, listen: str) -> tuple[WSGIServer, threading.Thread]:

@@ -31,6 +31,7 @@ from gpuwarden.safety import Rails
 from gpuwarden.sources import Source
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
+    from gpuwarden.cloud.service import CloudService
     from gpuwarden.metrics import Metrics
     from gpuwarden.sdnotify import SystemdNotifier
 
@@ -66,6 +67,7 @@ class Runtime:
         metrics: Metrics | None = None,
         systemd: SystemdNotifier | None = None,
         reloader: Any = None,
+        cloud: CloudService | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -79,6 +81,11 @@ class Runtime:
         self.metrics = metrics
         self.systemd = systemd
         self.reloader = reloader  # a gpuwarden.reload.Reloader, when reloads are on
+        self.cloud = cloud  # launches for provision steps; reconciled and reaped in rounds
+        self._cloud_round: Future[None] | None = None
+        # Clock time of the next reconcile-and-reap round: the first tick starts one, so a
+        # restarted daemon adopts what carries its tags and reaps what is overdue at once.
+        self._cloud_due = 0.0
         self.engine = Engine(playbooks, config, self_pid=self_pid)
         self.rails = Rails(config.safety, journal)
         self.pool = ThreadPoolExecutor(config.safety.workers, thread_name_prefix="gpuwarden-step")
@@ -175,9 +182,35 @@ class Runtime:
                 )
         if self.notifications is not None:
             self.notifications.flush(now)
+        if self.cloud is not None:
+            self._cloud_tick(now)
         if self.metrics is not None:
             self._observe(snapshot, time.perf_counter() - began)
         return result
+
+    # -- cloud ------------------------------------------------------------------------------
+
+    def _cloud_tick(self, now: float) -> None:
+        """Every ``cloud.reap_interval``: reconcile with EC2 and reap, in a worker thread (a
+        slow cloud API never delays a tick), one round at a time."""
+        if now < self._cloud_due or (self._cloud_round and not self._cloud_round.done()):
+            return
+        self._cloud_due = now + self.config.cloud.reap_interval
+        assert self.cloud is not None
+        provisions = any(
+            s.kind == "provision" for r in self.engine.playbooks.rules for s in r.steps
+        )
+        if not provisions and not self.cloud.store.live():
+            return  # no rule can launch and nothing runs: no reason to call EC2 every round
+        self._cloud_round = self.pool.submit(self._cloud_sync)
+
+    def _cloud_sync(self) -> None:
+        assert self.cloud is not None
+        try:
+            self.cloud.reconcile(self.clock.now())
+            self.cloud.reap(self.clock.now(), dry_run=self.dry_run)
+        except Exception:  # a cloud bug must not take the daemon down; next round tries again
+            log.exception("cloud reconcile/reap failed")
 
     def _observe(self, snapshot: Any, seconds: float) -> None:
         assert self.metrics is not None
@@ -185,6 +218,8 @@ class Runtime:
             snapshot, seconds, self.engine.phase_counts(), len(self.engine.incidents)
         )
         self.metrics.observe_breaker(self.journal.breaker() is not None)
+        if self.cloud is not None:
+            self.metrics.observe_cloud(*self.cloud.totals(self.clock.now()))
         if self.notifications is not None:
             sender = self.notifications.sender
             self.metrics.observe_outbox(
@@ -227,6 +262,7 @@ class Runtime:
             host=self.host,
             cancel=self.cancel,
             power=self.power,
+            cloud=self.cloud,
             facts=self._facts(intent),
             still_needed=self._still_needed(intent) if intent.kind == "kill" else None,
         )
@@ -383,6 +419,8 @@ class Runtime:
             self.config = result.config
             self.rails = Rails(result.config.safety, self.journal)
             self.dry_run = self._forced_dry_run or result.config.dry_run
+            if self.cloud is not None:
+                self.cloud.update(result.config.cloud)
             if closed:
                 self.journal.record_all(closed, now)
         elif self.notifications is not None and result.error is not None:
@@ -425,6 +463,8 @@ class Runtime:
                 log.error("a step was still running at shutdown; its outcome is not recorded")
                 future.cancel()
         self._drain()
+        if self._cloud_round is not None:  # a reap in flight records what it terminated
+            wait([self._cloud_round], timeout=self.config.safety.shutdown_grace)
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.config.safety.restore_on_exit:
             for row in self.journal.pending_undos():

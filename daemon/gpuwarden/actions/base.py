@@ -35,6 +35,25 @@ class PowerControl(Protocol):
     def set_power_limit_w(self, gpu: int, watts: float) -> None: ...
 
 
+class Waiter(Protocol):
+    def wait(self, seconds: float) -> bool: ...
+
+
+class CloudProvisioner(Protocol):
+    """What ``provision`` needs (real: ``gpuwarden.cloud.service.CloudService``)."""
+
+    def provision(
+        self,
+        intent: Intent,
+        profile_name: str,
+        count: int | None,
+        *,
+        dry_run: bool,
+        now: float,
+        waiter: Waiter,
+    ) -> Outcome: ...
+
+
 @dataclass
 class Context:
     """What an executor may use. ``dry_run`` is the global switch or the rule's shadow mode."""
@@ -48,6 +67,7 @@ class Context:
     # (a kill checks it after each victim, so it never kills more than needed).
     still_needed: Callable[[], bool] | None = None
     facts: dict[str, str] = field(default_factory=dict)  # incident facts for exec's environment
+    cloud: CloudProvisioner | None = None
 
     def wait(self, seconds: float) -> bool:
         """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""

@@ -1,0 +1,551 @@
+"""The cloud side of the daemon: launch within the caps, reap what is no longer needed, and
+keep the journal and EC2 in agreement.
+
+Every decision that spends money is taken under one lock, so two incidents that fire in the
+same tick cannot both see room for the last allowed instance. Before launching, a step looks
+for what it already launched — in the journal, then in EC2 by its tags, because a launch whose
+answer was lost (a crash, a timeout) is only visible there — and launches with a ClientToken
+derived from the incident and the step, so a retry cannot double-launch on real EC2 either.
+
+Caps count the instances this host owns: the journal's live rows and EC2's view by tag, merged.
+If EC2 cannot be asked, nothing is launched (a cap that cannot be checked is not a cap).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TypeVar
+
+from gpuwarden.actions.base import Waiter
+from gpuwarden.cloud import ec2, plan, tags
+from gpuwarden.cloud.ec2 import CloudError, Ec2, LaunchRequest, Seen
+from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES, Managed
+from gpuwarden.cloud.store import InstanceStore
+from gpuwarden.config import Cloud, CloudProfile
+from gpuwarden.model import Intent, Outcome
+
+log = logging.getLogger("gpuwarden.cloud")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """One instance the reaper ended (or, in dry-run, would end)."""
+
+    instance_id: str
+    profile: str
+    reason: str  # linger | ttl
+    state: str  # the state EC2 reported after the call; "would" in dry-run
+    detail: str
+
+
+@dataclass
+class Reconciled:
+    """What a comparison of the journal with EC2 found; each list holds one line per instance."""
+
+    adopted: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)  # our tags, a profile not configured
+    errors: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return (
+            [f"adopted {x}" for x in self.adopted]
+            + [f"updated {x}" for x in self.updated]
+            + [f"gone {x}" for x in self.gone]
+            + [f"not configured {x}" for x in self.foreign]
+            + [f"error {x}" for x in self.errors]
+        )
+
+
+def _money(usd: float | None) -> str:
+    return "unpriced" if usd is None else f"${usd:,.2f}"
+
+
+class CloudService:
+    def __init__(
+        self,
+        cloud: Cloud,
+        store: InstanceStore,
+        *,
+        host: str,
+        connect: Callable[[CloudProfile], Ec2] = ec2.connect,
+    ) -> None:
+        self.cloud = cloud
+        self.store = store
+        self.host = host
+        self._connect = connect
+        self._clients: dict[str, Ec2] = {}
+        self._lock = threading.RLock()
+
+    def update(self, cloud: Cloud) -> None:
+        """A reload: new profiles apply to the next step; connections are made again."""
+        with self._lock:
+            self.cloud = cloud
+            self._clients.clear()
+
+    def client(self, name: str) -> Ec2:
+        with self._lock:
+            if name not in self._clients:
+                self._clients[name] = self._connect(self.cloud.profiles[name])
+            return self._clients[name]
+
+    # -- launching ------------------------------------------------------------------------------
+
+    def provision(
+        self,
+        intent: Intent,
+        profile_name: str,
+        count: int | None,
+        *,
+        dry_run: bool,
+        now: float,
+        waiter: Waiter,
+    ) -> Outcome:
+        profile = self.cloud.profiles.get(profile_name)
+        if profile is None:
+            return Outcome(
+                ok=False,
+                detail=f"cloud profile {profile_name} is not configured (any more)",
+                dry_run=dry_run,
+            )
+        want = count or profile.count
+        try:
+            client = self.client(profile_name)
+            with self._lock:
+                return self._provision(
+                    intent, profile_name, profile, client, want, dry_run, now, waiter
+                )
+        except CloudError as exc:
+            return Outcome(
+                ok=False,
+                recoverable=exc.kind in {"throttled", "unavailable", "other"},
+                detail=f"nothing launched: {exc}",
+                dry_run=dry_run,
+            )
+
+    def _provision(
+        self,
+        intent: Intent,
+        name: str,
+        profile: CloudProfile,
+        client: Ec2,
+        want: int,
+        dry_run: bool,
+        now: float,
+        waiter: Waiter,
+    ) -> Outcome:
+        def backoff(call: Callable[[], T]) -> T:
+            return ec2.with_backoff(call, sleep=waiter.wait)
+
+        # 1. What this step launched already: the journal, then EC2 by tag. Incident ids
+        # name a rule, a scope and a second, not a host: another host's incident of the same
+        # id is not this one.
+        mine = [m for m in self.store.for_step(intent.incident, intent.step) if m.live]
+        seen = backoff(
+            lambda: client.managed(host=self.host, incident=intent.incident, step=intent.step)
+        )
+        already = plan.merge(mine, [self._from_seen(s, name, profile, now) for s in seen])
+        already = [m for m in already if m.live]
+        if already and not dry_run:
+            for instance in already:
+                self.store.add(replace(instance, intent=instance.intent or intent.id), now)
+            ids = ", ".join(m.instance_id for m in already)
+            log.info(
+                "provision incident=%s step=%d already launched: %s",
+                intent.incident,
+                intent.step,
+                ids,
+            )
+            return Outcome(ok=True, detail=f"already launched for this step: {ids}")
+
+        # 2. The caps, against everything this host owns in this profile.
+        owned = plan.merge(
+            self.store.live(name),
+            [
+                self._from_seen(s, name, profile, now)
+                for s in backoff(lambda: client.managed(host=self.host, profile=name))
+            ],
+        )
+        owned = [m for m in owned if m.live]
+        remaining = want
+        launched: list[Managed] = []
+        planned: list[Managed] = []  # dry-run: what would be launched counts against the caps
+        would: list[str] = []
+        why: list[str] = []
+        for attempt in plan.attempts(profile):
+            if remaining <= 0:
+                break
+            room = plan.allowance(
+                profile, name, owned + launched + planned, remaining, attempt.instance_type
+            )
+            if room.count <= 0:
+                why.append(room.why)
+                continue
+            price = plan.price(profile, attempt.instance_type)
+            where = f"{profile.region}" + (f"/{attempt.subnet}" if attempt.subnet else "")
+            # From the step's planned time, not now: a retry sends the very same request (real
+            # EC2 answers IdempotentParameterMismatch to a token reused with other tags).
+            expires_at = intent.time + profile.ttl
+            request = self._request(intent, name, profile, attempt, room.count, expires_at)
+            try:
+                got = backoff(partial(client.launch, request, dry_run=dry_run))
+            except CloudError as exc:
+                if exc.kind == "capacity":
+                    why.append(f"{attempt.instance_type} in {where}: {exc.code}")
+                    log.warning(
+                        "provision %s: %s in %s: %s, trying the next choice",
+                        name,
+                        attempt.instance_type,
+                        where,
+                        exc.code,
+                    )
+                    continue
+                if launched:
+                    why.append(str(exc))
+                    break
+                raise
+            hourly = None if price is None else price * room.count
+            if dry_run:
+                would.append(
+                    f"{room.count} x {attempt.instance_type} ({profile.market}) in {where} "
+                    f"at {_money(hourly)}/h"
+                )
+                remaining -= room.count
+                planned += [
+                    Managed(
+                        instance_id=f"(would {len(planned) + n})",
+                        profile=name,
+                        region=profile.region,
+                        instance_type=attempt.instance_type,
+                        market=profile.market,
+                        state="pending",
+                        launched_at=now,
+                        expires_at=expires_at,
+                        host=self.host,
+                        hourly_usd=price,
+                    )
+                    for n in range(room.count)
+                ]
+                continue
+            for one in got:
+                managed = Managed(
+                    instance_id=one.instance_id,
+                    profile=name,
+                    region=profile.region,
+                    instance_type=attempt.instance_type,
+                    market=profile.market,
+                    state=one.state or "pending",
+                    launched_at=now,
+                    expires_at=expires_at,
+                    host=self.host,
+                    incident=intent.incident,
+                    rule=intent.rule,
+                    step=intent.step,
+                    intent=intent.id,
+                    subnet=one.subnet or attempt.subnet,
+                    hourly_usd=price,
+                )
+                self.store.add(managed, now)
+                launched.append(managed)
+            remaining -= len(got)
+            log.info(
+                "provision incident=%s profile=%s launched %s x %s in %s: %s",
+                intent.incident,
+                name,
+                len(got),
+                attempt.instance_type,
+                where,
+                " ".join(i.instance_id for i in got),
+            )
+        return self._outcome(profile, want, want - remaining, launched, would, why, dry_run)
+
+    def _outcome(
+        self,
+        profile: CloudProfile,
+        want: int,
+        done: int,
+        launched: Sequence[Managed],
+        would: Sequence[str],
+        why: Sequence[str],
+        dry_run: bool,
+    ) -> Outcome:
+        reasons = "; ".join(dict.fromkeys(why))  # a cap says the same for every attempt
+        if not reasons:
+            capped = ""
+        elif done < want:
+            capped = f" (not all: {reasons})"
+        else:
+            capped = f" (tried first: {reasons})"
+        if dry_run:
+            if not would:
+                return Outcome(ok=False, detail=f"would launch nothing: {reasons}", dry_run=True)
+            return Outcome(
+                ok=True,
+                dry_run=True,
+                detail="would launch " + ", ".join(would) + "; EC2 accepted the request "
+                "(DryRun): credentials and permissions work" + capped,
+            )
+        if not launched:
+            return Outcome(ok=False, detail=f"nothing launched: {reasons}")
+        hourly = [m.hourly_usd for m in launched]
+        total = None if any(h is None for h in hourly) else sum(h for h in hourly if h)
+        ids = ", ".join(m.instance_id for m in launched)
+        expiry = tags.format_expires(launched[0].expires_at)
+        more = f" of {want}" if len(launched) < want else ""
+        return Outcome(
+            ok=True,
+            detail=f"launched {len(launched)}{more} in {profile.region}: {ids}; "
+            f"{_money(total)}/h; terminated by {expiry} at the latest{capped}",
+        )
+
+    def _request(
+        self,
+        intent: Intent,
+        name: str,
+        profile: CloudProfile,
+        attempt: plan.Attempt,
+        count: int,
+        expires_at: float,
+    ) -> LaunchRequest:
+        values = {
+            "incident": intent.incident,
+            "rule": intent.rule,
+            "host": self.host,
+            "profile": name,
+            "instance_type": attempt.instance_type,
+            "expires": tags.format_expires(expires_at),
+        }
+        user_data = None
+        if profile.user_data is not None:
+            user_data = tags.render_user_data(profile.user_data, values)
+        return LaunchRequest(
+            instance_type=attempt.instance_type,
+            count=count,
+            # The host is part of the attempt: a token is unique per account and region, and
+            # two hosts can fire an incident of the same id.
+            client_token=tags.client_token(
+                intent.incident, intent.step, f"{self.host}/{attempt.key}"
+            ),
+            tags=tags.instance_tags(
+                profile_name=name,
+                profile=profile,
+                incident=intent.incident,
+                rule=intent.rule,
+                host=self.host,
+                step=intent.step,
+                expires_at=expires_at,
+            ),
+            image_id=profile.ami,
+            launch_template=profile.launch_template,
+            subnet=attempt.subnet,
+            security_groups=profile.security_groups,
+            key_name=profile.key_name,
+            market=profile.market,
+            user_data=user_data,
+        )
+
+    def _from_seen(self, seen: Seen, name: str, profile: CloudProfile, now: float) -> Managed:
+        """An instance as EC2 describes it, in the journal's terms (times from its tags)."""
+        found = seen.tags
+        launched_at = seen.launch_time if seen.launch_time is not None else now
+        expires_at = tags.parse_expires(found.get(tags.EXPIRES, ""))
+        step = found.get(tags.STEP, "")
+        return Managed(
+            instance_id=seen.instance_id,
+            profile=found.get(tags.PROFILE, name),
+            region=profile.region,
+            instance_type=seen.instance_type,
+            market=profile.market,
+            state=seen.state,
+            launched_at=launched_at,
+            expires_at=expires_at if expires_at is not None else launched_at + profile.ttl,
+            host=found.get(tags.HOST, self.host),
+            incident=found.get(tags.INCIDENT) or None,
+            rule=found.get(tags.RULE) or None,
+            step=int(step) if step.isdigit() else None,
+            subnet=seen.subnet,
+            hourly_usd=plan.price(profile, seen.instance_type),
+            adopted=True,
+        )
+
+    # -- reconciling and reaping ------------------------------------------------------------------
+
+    def reconcile(self, now: float) -> Reconciled:
+        """Bring the journal in line with EC2: adopt instances that carry this host's tags but
+        are not in the journal, update states, and mark what EC2 no longer knows as gone.
+        Read-only towards EC2; what is past its time is the reaper's."""
+        report = Reconciled()
+        seen_ids: set[str] = set()
+        foreign: set[str] = set()
+        asked: set[str] = set()  # profiles whose view of EC2 we have
+        for name, profile in sorted(self.cloud.profiles.items()):
+            try:
+                described = self.client(name).managed(
+                    host=self.host, states=LIVE_STATES + ENDED_STATES
+                )
+            except CloudError as exc:
+                report.errors.append(f"{name}: {exc}")
+                continue
+            asked.add(name)
+            for seen in described:
+                seen_ids.add(seen.instance_id)
+                tagged = seen.tags.get(tags.PROFILE, name)
+                if tagged in self.cloud.profiles:
+                    # Two profiles in one region see each other's instances: each profile's
+                    # pass handles its own, and every pass counts what it saw as known.
+                    if tagged == name:
+                        self._reconcile_one(seen, name, profile, now, report)
+                elif seen.instance_id not in foreign and seen.state in LIVE_STATES:
+                    # reported once, however many profiles' passes see it
+                    foreign.add(seen.instance_id)
+                    report.foreign.append(f"{seen.instance_id} (profile {tagged})")
+        for row in self.store.live():
+            if row.profile in asked and row.instance_id not in seen_ids:
+                self.store.ended(row.instance_id, GONE, now, "gone")
+                report.gone.append(f"{row.instance_id} ({row.profile})")
+        for line in report.lines():
+            log.info("cloud reconcile: %s", line)
+        return report
+
+    def _reconcile_one(
+        self, seen: Seen, name: str, profile: CloudProfile, now: float, report: Reconciled
+    ) -> None:
+        known = self.store.get(seen.instance_id)
+        if known is None:
+            if seen.state in LIVE_STATES:
+                self.store.add(self._from_seen(seen, name, profile, now), now)
+                report.adopted.append(f"{seen.instance_id} ({seen.instance_type}, {seen.state})")
+            return
+        if known.state == seen.state:
+            return
+        if seen.state in ENDED_STATES:
+            # The first end keeps its time and reason; shutting-down -> terminated after our
+            # own terminate is the normal course, not news.
+            self.store.ended(seen.instance_id, seen.state, now, "external")
+            if known.live:
+                report.updated.append(f"{seen.instance_id} {known.state} -> {seen.state}")
+            return
+        self.store.set_state(seen.instance_id, seen.state, now)
+        report.updated.append(f"{seen.instance_id} {known.state} -> {seen.state}")
+
+    def reap(self, now: float, *, dry_run: bool) -> list[Reaped]:
+        """Terminate what has lingered long enough after its incident, and anything past its
+        ttl. Each instance is confirmed as ours by its tags in EC2 just before."""
+        live = self.store.live()
+        incidents = {m.incident for m in live if m.incident}
+        resolved = self.store.resolved_at(incidents)
+        linger = {name: p.linger for name, p in self.cloud.profiles.items()}
+        decisions = plan.reap_plan(live, resolved, now, linger)
+        by_id = {m.instance_id: m for m in live}
+        results: list[Reaped] = []
+        for name in sorted({by_id[d.instance_id].profile for d in decisions}):
+            batch = [d for d in decisions if by_id[d.instance_id].profile == name]
+            if name not in self.cloud.profiles:
+                for d in batch:
+                    log.error(
+                        "cloud reap: %s (%s) is due but profile %s is not configured any more; "
+                        "terminate it by hand",
+                        d.instance_id,
+                        d.reason,
+                        name,
+                    )
+                continue
+            results += self._reap_batch(name, batch, by_id, now, dry_run)
+        return results
+
+    def _reap_batch(
+        self,
+        name: str,
+        batch: Iterable[plan.ReapDecision],
+        by_id: dict[str, Managed],
+        now: float,
+        dry_run: bool,
+    ) -> list[Reaped]:
+        decisions = list(batch)
+        try:
+            client = self.client(name)
+            ours = {
+                s.instance_id: s
+                for s in client.managed(host=self.host, states=LIVE_STATES + ENDED_STATES)
+            }
+        except CloudError as exc:
+            log.error("cloud reap: %s: %s; tried again at the next round", name, exc)
+            return []
+        due: list[plan.ReapDecision] = []
+        for d in decisions:
+            seen = ours.get(d.instance_id)
+            if seen is None or seen.state in ENDED_STATES:
+                # ended behind our back (or forgotten by EC2): recorded, not terminated again
+                if not dry_run:
+                    if seen is None:
+                        self.store.ended(d.instance_id, GONE, now, "gone")
+                    else:
+                        self.store.ended(d.instance_id, seen.state, now, "external")
+                continue
+            due.append(d)
+        if not due:
+            return []
+        try:
+            states = client.terminate([d.instance_id for d in due], dry_run=dry_run)
+        except CloudError as exc:
+            log.error("cloud reap: terminating %s: %s", ", ".join(d.instance_id for d in due), exc)
+            return []
+        results = []
+        for d in due:
+            state = "would" if dry_run else states.get(d.instance_id, "")
+            if not dry_run and state not in ENDED_STATES:
+                state = "shutting-down"  # asked to terminate; the next reconcile reads the truth
+            if not dry_run:
+                self.store.ended(d.instance_id, state, now, d.reason)
+            log.info(
+                "cloud reap: %s %s (%s): %s%s",
+                "would terminate" if dry_run else "terminated",
+                d.instance_id,
+                d.reason,
+                d.detail,
+                "" if dry_run else f" -> {state}",
+            )
+            results.append(Reaped(d.instance_id, name, d.reason, state, d.detail))
+        return results
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def instances(self, now: float, *, live: bool = True) -> tuple[list[Managed], list[str]]:
+        """Every instance the journal knows, newest first, with EC2's current state where it
+        can be asked (nothing is written); and what could not be asked."""
+        rows = self.store.all()
+        if not live:
+            return rows, []
+        problems: list[str] = []
+        states: dict[str, str] = {}
+        extra: list[Managed] = []
+        known = {m.instance_id for m in rows}
+        for name, profile in sorted(self.cloud.profiles.items()):
+            try:
+                described = self.client(name).managed(
+                    host=self.host, states=LIVE_STATES + ENDED_STATES
+                )
+            except CloudError as exc:
+                problems.append(f"{name}: {exc}")
+                continue
+            for seen in described:
+                states[seen.instance_id] = seen.state
+                if seen.instance_id not in known and seen.state in LIVE_STATES:
+                    known.add(seen.instance_id)
+                    extra.append(self._from_seen(seen, name, profile, now))
+        merged = [
+            replace(m, state=states[m.instance_id]) if m.instance_id in states else m for m in rows
+        ]
+        return extra + merged, problems
+
+    def totals(self, now: float) -> tuple[int, float]:
+        """Live instances in the journal, and the estimated spend of every instance it knows."""
+        rows = self.store.all()
+        spend = sum(m.cost_so_far(now) or 0.0 for m in rows)
+        return sum(1 for m in rows if m.live), spend
