@@ -19,6 +19,7 @@ from gpuwarden import config
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yaml"))
 RULES = [
+    ("burst-for-critical-work", "cloud-burst.yaml"),
     ("gpu-fatal-error", "gpu-lost-fatal-xid.yaml"),
     ("idle-process-holding-memory", "idle-holding-memory.yaml"),
     ("gpu-memory-full-soon", "memory-full-soon.yaml"),
@@ -70,12 +71,16 @@ def broken_copy(tmp_path: Path, file: str, old: str, new: str) -> tuple[Path, Pa
 
 
 def test_the_shipped_set_passes_and_is_listed() -> None:
-    result = gpuwarden("check", "--config", "config/gpuwarden.yaml", "playbooks/")
+    # The config's cloud profile needs AWS credentials, or check warns (test_cloud_cli.py).
+    credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    result = gpuwarden(
+        "check", "--strict", "--config", "config/gpuwarden.yaml", "playbooks/", env=credentials
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
     assert lines[0] == "config     config/gpuwarden.yaml"
-    assert "playbooks  8 file(s), 8 rule(s)" in lines
+    assert "playbooks  9 file(s), 9 rule(s)" in lines
     for name, file in RULES:
         line = position(ROOT / "playbooks" / file, name, after="name: ").split(":")[0]
         assert any(
@@ -88,7 +93,7 @@ def test_the_shipped_set_passes_and_is_listed() -> None:
         "notify     oncall: 1 url (1 from a file or the environment), ≥warning, fallback chat"
         in lines
     )
-    assert lines[-1] == "ok: 8 rule(s) in 8 file(s)"
+    assert lines[-1] == "ok: 9 rule(s) in 9 file(s)"
 
 
 def test_a_single_file_can_be_checked() -> None:
@@ -188,8 +193,12 @@ def test_in_a_checkout_without_a_config_the_local_playbooks_are_used(tmp_path: P
     lines = result.stderr.splitlines()
     assert lines[0] == f"gpuwarden: {config.Config().playbooks} does not exist; using ./playbooks"
     unknown = [line for line in lines if "unknown notification target" in line]
-    assert len(unknown) == 8  # every shipped playbook notifies oncall or chat
-    assert lines[-2:] == [NO_CONFIG_NOTE, "check failed: 8 problems"]
+    assert len(unknown) == 9  # every shipped playbook notifies oncall or chat
+    burst = position(ROOT / "playbooks" / "cloud-burst.yaml", "burst-a100", after="provision: ")
+    assert [line for line in lines if "unknown cloud profile" in line] == [
+        f"playbooks/cloud-burst.yaml:{burst}: unknown cloud profile 'burst-a100'"
+    ]
+    assert lines[-2:] == [NO_CONFIG_NOTE, "check failed: 10 problems"]
 
 
 def test_the_gpuwarden_config_variable_is_honoured(tmp_path: Path) -> None:
@@ -241,7 +250,7 @@ def test_schema_is_a_json_schema_the_shipped_playbooks_satisfy() -> None:
             for e in validator.iter_errors(yaml.safe_load(path.read_text()))
         ]
         assert errors == [], path.name
-    assert len(PLAYBOOKS) == 8
+    assert len(PLAYBOOKS) == 9
 
 
 @pytest.mark.parametrize(

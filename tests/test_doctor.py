@@ -218,7 +218,9 @@ def test_unprivileged_user_gets_capability_fixes() -> None:
 
 
 def test_cloud_credentials() -> None:
-    profile = CloudProfile(region="us-east-1", instance_types=("p4d.24xlarge",))
+    profile = CloudProfile(
+        region="us-east-1", instance_types=("p4d.24xlarge",), ami="ami-0123456789abcdef0"
+    )
     config = Config.model_validate({"cloud": {"profiles": {"burst": profile.model_dump()}}})
 
     def missing_boto3(_: CloudProfile) -> bool:
@@ -226,11 +228,11 @@ def test_cloud_credentials() -> None:
 
     none = doctor.check_cloud(config, lambda _: False)
     assert none[0].severity == "warning"
-    assert none[0].detail == "no AWS credentials found for profile burst"
+    assert none[0].detail == "no AWS credentials found"
     assert doctor.check_cloud(config, lambda _: True)[0].ok
     absent = doctor.check_cloud(config, missing_boto3)[0]
     assert absent.severity == "warning"
-    assert absent.fix == "pip install boto3"
+    assert absent.fix == "pip install 'gpuwarden[cloud]'"
     assert doctor.check_cloud(Config(), missing_boto3) == []
 
 

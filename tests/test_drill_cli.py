@@ -68,7 +68,7 @@ def test_drill_uses_the_checkouts_playbooks_when_none_are_installed(tmp_path: Pa
         assert "using ./playbooks" in result.stderr
     assert "STEP kill → pid" in result.stdout
     assert "(sweep) bob/low" in result.stdout
-    assert result.stdout.splitlines()[-3].startswith(f"summary: {SCENARIO}: 8 rule(s)")
+    assert result.stdout.splitlines()[-3].startswith(f"summary: {SCENARIO}: 9 rule(s)")
 
 
 def test_drill_touches_nothing_outside(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpuwarden import __version__, cli_run, config
+from gpuwarden import __version__, cli_cloud, cli_run, config
 from gpuwarden.clock import Clock, SimClock, SystemClock
 from gpuwarden.errors import ExitCode, GpuwardenError, InputError, UsageError
 from gpuwarden.model import Snapshot
@@ -118,6 +118,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="playbook files or directories (default: the config's playbooks)",
     )
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) on warnings too, such as missing cloud credentials",
+    )
 
     drill = sub.add_parser(
         "drill",
@@ -140,6 +145,12 @@ def _parser() -> argparse.ArgumentParser:
         help="really deliver the messages, marked [DRILL], to the config's targets",
     )
     drill.add_argument(
+        "--cloud",
+        action="store_true",
+        help="ask EC2 (DryRun: nothing is launched) whether each provision step would be "
+        "allowed: credentials, permissions, parameters",
+    )
+    drill.add_argument(
         "--tick",
         type=_duration,
         metavar="D",
@@ -148,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
 
     cli_run.add_commands(sub, common, _duration)
     cli_run.add_doctor(sub, common)
+    cli_cloud.add_commands(sub, common)
 
     sub.add_parser(
         "schema",
@@ -214,6 +226,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         return ExitCode.FAILURE
     source = str(found) if found else "(none: built-in defaults)"
     print(inventory.render(cfg, source, playbooks))
+    warnings = cli_cloud.credential_warnings(cfg)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if warnings and args.strict:
+        count = len(warnings)
+        print(
+            f"check failed: {count} warning{'s' if count != 1 else ''} (--strict)", file=sys.stderr
+        )
+        return ExitCode.FAILURE
     print(f"ok: {len(playbooks.rules)} rule(s) in {len(playbooks.files)} file(s)")
     return ExitCode.OK
 
@@ -230,20 +251,38 @@ def cmd_drill(args: argparse.Namespace) -> int:
         )
     if args.tick is not None and args.tick <= 0:
         raise UsageError("--tick must be positive")
+    if args.cloud and not cfg.cloud.profiles:
+        raise UsageError(
+            "--cloud: the config has no cloud profiles to ask EC2 about",
+            "define them under cloud.profiles, or give the daemon's --config",
+        )
     summary = drill.Summary()
-    outbox_dir = tempfile.TemporaryDirectory(prefix="gpuwarden-drill-") if args.notify else None
-    notify = Path(outbox_dir.name) / "journal.db" if outbox_dir else None
-    for record in drill.run(
-        args.scenario, cfg, playbooks, tick=args.tick, summary=summary, notify=notify
-    ):
-        if args.json:
-            print(json.dumps(record), flush=False)
-        else:
-            print(drill.render_record(record))
-    if not args.json:
-        print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
-    if outbox_dir is not None:
-        outbox_dir.cleanup()
+    # The drill's own journal for --notify's outbox and --cloud's instances; never the daemon's.
+    scratch = (
+        tempfile.TemporaryDirectory(prefix="gpuwarden-drill-")
+        if args.notify or args.cloud
+        else None
+    )
+    journal = Path(scratch.name) / "journal.db" if scratch else None
+    try:
+        for record in drill.run(
+            args.scenario,
+            cfg,
+            playbooks,
+            tick=args.tick,
+            summary=summary,
+            notify=journal if args.notify else None,
+            cloud=journal if args.cloud else None,
+        ):
+            if args.json:
+                print(json.dumps(record), flush=False)
+            else:
+                print(drill.render_record(record))
+        if not args.json:
+            print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     return ExitCode.OK
 
 
@@ -390,6 +429,7 @@ COMMANDS = {
     "notify-test": _with_config(cli_run.cmd_notify_test),
     "outbox": _with_config(cli_run.cmd_outbox),
     "doctor": cmd_doctor,
+    "cloud": _with_config(cli_cloud.cmd_cloud),
 }
 
 

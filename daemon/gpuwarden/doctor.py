@@ -305,7 +305,11 @@ def check_cloud(
             found = credentials(profile)
         except ImportError:
             findings.append(
-                _warn(check, "boto3 is not installed: provision steps fail", "pip install boto3")
+                _warn(
+                    check,
+                    "boto3 is not installed: provision steps fail",
+                    "pip install 'gpuwarden[cloud]'",
+                )
             )
             continue
         if found:
@@ -314,7 +318,7 @@ def check_cloud(
             findings.append(
                 _warn(
                     check,
-                    f"no AWS credentials found for profile {name}",
+                    "no AWS credentials found",
                     "give the daemon credentials: an instance role, AWS_PROFILE / "
                     "~/.aws/credentials, or AWS_ACCESS_KEY_ID in the unit's EnvironmentFile=",
                 )

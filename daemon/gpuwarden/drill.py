@@ -1,12 +1,19 @@
 """``gpuwarden drill``: run a scenario through the real engine on a simulated clock.
 
 Nothing outside the process is touched: no job is spawned, signalled or killed, nobody is
-notified. Each intent is completed at once with a simulated outcome, and a kill makes its
-targets leave the scenario's later snapshots, so the drill shows what the ladder would lead to.
+notified, no cloud API is called. Each intent is completed at once with a simulated outcome, and
+a kill makes its targets leave the scenario's later snapshots, so the drill shows what the
+ladder would lead to. A provision step shows what its cloud profile would launch and what that
+costs per hour, worked out from the config alone (``gpuwarden.cloud.plan``).
+
+``notify`` (``drill --notify``) really delivers the messages, marked ``[DRILL]``; ``cloud``
+(``drill --cloud``) asks EC2 about each provision step with ``DryRun=True``, which checks the
+credentials, the IAM permissions and the parameters and launches nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.clock import SimClock
+from gpuwarden.cloud import plan
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.model import Intent, Outcome, RuleChange, Target
@@ -46,7 +54,32 @@ def _target(target: Target, source: ScenarioSource) -> dict[str, Any]:
     }
 
 
-def _step_record(intent: Intent, t: float, source: ScenarioSource) -> dict[str, Any]:
+def cloud_plan(config: Config, profile_name: str, count: int | None) -> dict[str, Any] | None:
+    """What a provision step would launch, from the config alone: the first instance type of
+    the profile, as many as asked (or the profile's count) within its caps on an empty fleet,
+    and the hourly cost (None: the type has no price). None for an unknown profile."""
+    profile = config.cloud.profiles.get(profile_name)
+    if profile is None:
+        return None
+    first = profile.instance_types[0]
+    room = plan.allowance(profile, profile_name, (), count or profile.count, first)
+    price = plan.price(profile, first)
+    record: dict[str, Any] = {
+        "profile": profile_name,
+        "instance_type": first,
+        "count": room.count,
+        "market": profile.market,
+        "region": profile.region,
+        "hourly_usd": None if price is None else round(price * room.count, 6),
+    }
+    if room.why:
+        record["capped"] = room.why
+    return record
+
+
+def _step_record(
+    intent: Intent, t: float, source: ScenarioSource, config: Config
+) -> dict[str, Any]:
     record: dict[str, Any] = {
         "t": round(t, 3),
         "kind": "step",
@@ -68,7 +101,10 @@ def _step_record(intent: Intent, t: float, source: ScenarioSource) -> dict[str, 
     elif intent.kind == "exec":
         record["argv"] = list(getattr(params, "argv", ()))
     elif intent.kind == "provision":
-        record["profile"] = getattr(params, "profile", None)
+        name = getattr(params, "profile", None)
+        record["profile"] = name
+        if isinstance(name, str):
+            record["cloud"] = cloud_plan(config, name, getattr(params, "count", None))
     if intent.shadow:
         record["shadow"] = True
     return record
@@ -98,17 +134,27 @@ def run(
     tick: float | None = None,
     summary: Summary | None = None,
     notify: Path | None = None,
+    cloud: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the drill's timeline, one record at a time (see docs/playbooks.md, "Drills").
 
     With ``notify`` (a journal file for the drill's own outbox) the messages the run would send
     are really delivered to the config's targets, marked ``[DRILL]``; otherwise nobody is told.
+    With ``cloud`` (a journal file for the drill's own instance records) each provision step
+    is put to EC2 as a ``DryRun`` launch, and its record's ``cloud.ec2`` says how EC2 answered.
     """
     interval = tick or config.tick
     summary = summary if summary is not None else Summary()
     began = time.perf_counter()
-    with ScenarioSource.open(scenario, priorities=config.priorities, spawn=False) as source:
+    with (
+        ScenarioSource.open(scenario, priorities=config.priorities, spawn=False) as source,
+        contextlib.ExitStack() as closing,
+    ):
         engine = Engine(playbooks, config)
+        asker = None
+        if cloud is not None and config.cloud.profiles:
+            asker = _CloudAsker(config, cloud, config.host or source.scenario.host)
+            closing.callback(asker.close)
         clock = SimClock(start=source.start_time)
         told = None
         if notify is not None:
@@ -145,7 +191,10 @@ def run(
                     yield _change_record(item, t)
                     continue
                 intent = item
-                yield _step_record(intent, t, source)
+                record = _step_record(intent, t, source, config)
+                if asker is not None and record.get("cloud") is not None:
+                    record["cloud"]["ec2"] = asker.ask(intent, now)
+                yield record
                 for skipped in intent.skipped:
                     yield {
                         "t": round(t, 3),
@@ -179,6 +228,58 @@ def run(
     summary.wall_s = time.perf_counter() - began
 
 
+class _Pause:
+    """How the drill waits between retries of a throttled EC2 call: really, and briefly."""
+
+    def wait(self, seconds: float) -> bool:
+        time.sleep(min(max(0.0, seconds), 2.0))
+        return True
+
+
+class _CloudAsker:
+    """Provision steps put to EC2 with ``DryRun=True`` through the daemon's own cloud service,
+    over a journal of the drill's own (nothing is launched, so nothing is recorded in it)."""
+
+    def __init__(self, config: Config, journal: Path, host: str) -> None:
+        from gpuwarden.cloud.service import CloudService
+        from gpuwarden.cloud.store import InstanceStore
+
+        self.store = InstanceStore.open(journal)
+        self.service = CloudService(config.cloud, self.store, host=host)
+
+    def ask(self, intent: Intent, now: float) -> dict[str, Any]:
+        params = intent.params
+        outcome = self.service.provision(
+            intent,
+            str(getattr(params, "profile", "")),
+            getattr(params, "count", None),
+            dry_run=True,
+            now=now,
+            waiter=_Pause(),
+        )
+        return {"ok": outcome.ok, "detail": outcome.detail}
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _money(usd: float | None) -> str:
+    return "unpriced" if usd is None else f"${usd:,.2f}/h"
+
+
+def _cloud_line(cloud: dict[str, Any] | None, profile: object) -> str:
+    if cloud is None:
+        return f"→ cloud profile {profile}"
+    head = f"→ cloud profile {cloud['profile']}: would launch "
+    if cloud["count"] <= 0:
+        return head + f"nothing ({cloud.get('capped', 'capped')})"
+    capped = f" (capped: {cloud['capped']})" if cloud.get("capped") else ""
+    return (
+        f"{head}{cloud['count']} x {cloud['instance_type']} ({cloud['market']}) in "
+        f"{cloud['region']}, {_money(cloud['hourly_usd'])}{capped}"
+    )
+
+
 def _clock(t: float) -> str:
     whole = int(t)
     return f"+{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
@@ -207,13 +308,18 @@ def render_record(record: dict[str, Any]) -> str:
         elif "argv" in record:
             what = "→ " + " ".join(record["argv"])
         elif "profile" in record:
-            what = f"→ cloud profile {record['profile']}"
+            what = _cloud_line(record.get("cloud"), record["profile"])
         elif targets:
             what = "→ " + "; ".join(_who(t) for t in targets)
         else:
             what = f"→ nobody ({reason})"
         shadow = " [shadow: not acted on]" if record.get("shadow") else ""
-        return f"{head}  STEP {record['step']} {what}{shadow}"
+        line = f"{head}  STEP {record['step']} {what}{shadow}"
+        ec2 = (record.get("cloud") or {}).get("ec2")
+        if ec2 is not None:
+            verdict = "ok" if ec2["ok"] else "NOT OK"
+            line += f"\n{' ' * len(_clock(record['t']))}    EC2 DryRun {verdict}: {ec2['detail']}"
+        return line
     if kind == "skip":
         return f"{' ' * len(_clock(record['t']))}    skip {_who(record['targets'][0])}: {reason}"
     detail = f" ({record['detail']})" if record.get("detail") else ""
