@@ -281,3 +281,31 @@ def test_test_message_names_the_host() -> None:
     assert message.target == "chat"
     assert HOST in message.title
     assert HOST in message.body
+
+
+def test_a_step_told_in_progress_has_its_outcome_told_later() -> None:
+    """A kill still running a group_interval after it started goes out as "in progress";
+    how it ended (the targets terminated) must follow in a later message, not be lost."""
+    cfg = shipped_config(group_interval=60.0)
+    machine = Machine((0,))
+    playbooks = load([ROOT / "playbooks" / "memory-pressure.yaml"], cfg)
+    engine = Engine(playbooks, cfg)
+    notifier = Notifier(cfg, host=HOST, descriptions={})
+    running: list[tuple[float, Intent]] = []
+    sent: list[tuple[float, Message]] = []
+    t = 0.0
+    while t <= 900:
+        now = T0 + t
+        tick = engine.step(machine.snapshot(now), now)
+        notifier.observe(tick.records, now)
+        running += [(now + 120, i) for i in tick.intents]  # every step takes two minutes
+        for item in [r for r in running if r[0] <= now]:
+            running.remove(item)
+            outcome = machine.outcome(item[1])
+            engine.complete(item[1].id, outcome)
+            notifier.observe_outcome(item[1], outcome, now)
+        sent.extend((t, m) for m in notifier.due(now))
+        t += 2.0
+    kill_lines = [line for _, m in sent for line in m.body.splitlines() if "kill pid 4200" in line]
+    assert any("in progress" in line for line in kill_lines), kill_lines
+    assert any("terminated" in line for line in kill_lines), kill_lines

@@ -103,6 +103,8 @@ class _Group:
     joined: list[str] = field(default_factory=list)
     resolved: list[str] = field(default_factory=list)
     steps: list[_Step] = field(default_factory=list)
+    # Steps already told as "in progress": their outcome is told in a later message.
+    in_progress: set[str] = field(default_factory=set)
     notes: list[tuple[tuple[str, ...], str]] = field(default_factory=list)  # targets, template
     template: str | None = None
 
@@ -181,6 +183,10 @@ class Grouper:
         for step in group.steps:
             if step.intent.id == intent.id:
                 step.outcome = outcome
+                return
+        if intent.id in group.in_progress:  # told while running: how it ended comes next
+            group.in_progress.discard(intent.id)
+            group.steps.append(_Step(intent, outcome, intent.time))
 
     def resolved(self, incident: str, now: float) -> None:
         self._seen.pop(incident, None)
@@ -273,6 +279,7 @@ class Grouper:
             if everything or s.outcome is not None or now >= s.seen + timing.group_interval
         ]
         group.steps = [s for s in group.steps if s not in ready]
+        group.in_progress.update(s.intent.id for s in ready if s.outcome is None)
         return tuple(StepNote(s.intent, s.outcome) for s in ready)
 
     def _notice(
