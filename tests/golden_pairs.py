@@ -22,6 +22,7 @@ PAIRS: dict[str, str] = {
     "working-hours-large-jobs": "working-hours-large-low-priority-job",
     "weekly-health-check": "weekly-health-check-remapped-rows",
     "memory-full-soon": "memory-leak-slow-climb",
+    "cloud-burst": "cloud-burst",
 }
 
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuwarden import config
+from gpuwarden.cloud import tags
+from gpuwarden.config import Cloud, CloudProfile
 from gpuwarden.playbook.fields import FIELDS, FUNCTIONS
 from gpuwarden.playbook.schema import STEP_KINDS, Rule, Step
 from gpuwarden.sources.scenario_format import GpuFrame, GpuSpec, JobSpec, Keyframe, Scenario
@@ -48,3 +54,73 @@ def test_every_shipped_scenario_and_playbook_is_listed() -> None:
         assert f"`{path.name}`" in SCENARIOS_DOC, path.name
     for path in (ROOT / "playbooks").glob("*.yaml"):
         assert f"`{path.name}`" in PLAYBOOKS_DOC, path.name
+
+
+CLOUD_DOC = (ROOT / "docs" / "cloud.md").read_text()
+
+
+def _fenced(text: str, language: str) -> list[str]:
+    """The bodies of the ```language blocks of a Markdown text, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def _policy_actions(policy: dict[str, Any]) -> set[str]:
+    actions: set[str] = set()
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow", statement
+        action = statement["Action"]
+        actions.update([action] if isinstance(action, str) else action)
+    return actions
+
+
+def _conditions(policy: dict[str, Any], action: str) -> list[dict[str, Any]]:
+    return [
+        s.get("Condition", {})
+        for s in policy["Statement"]
+        if action == s["Action"] or action in s["Action"]
+    ]
+
+
+def test_the_cloud_iam_policy_parses_and_names_exactly_the_calls_gpuwarden_makes() -> None:
+    # What the EC2 adapter calls, read from its source: every boto3 operation goes through
+    # Ec2._call("operation", ...). A launch with TagSpecifications also needs CreateTags.
+    source = (ROOT / "daemon" / "gpuwarden" / "cloud" / "ec2.py").read_text()
+    operations = set(re.findall(r'_call\(\s*"([a-z_]+)"', source))
+    assert operations == {"run_instances", "describe_instances", "terminate_instances"}
+    called = {"ec2:" + op.title().replace("_", "") for op in operations}
+    assert "TagSpecifications" in source
+    blocks = [json.loads(block) for block in _fenced(CLOUD_DOC, "json")]
+    policy, pass_role = blocks
+    assert policy["Version"] == "2012-10-17"
+    assert _policy_actions(policy) == called | {"ec2:CreateTags"}
+    managed = {"StringEquals": {f"ec2:ResourceTag/{tags.MANAGED}": "true"}}
+    assert _conditions(policy, "ec2:TerminateInstances") == [managed]
+    assert {"StringEquals": {f"aws:RequestTag/{tags.MANAGED}": "true"}} in _conditions(
+        policy, "ec2:RunInstances"
+    )
+    on_launch = {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+    assert _conditions(policy, "ec2:CreateTags") == [on_launch]
+    assert _policy_actions(pass_role) == {"iam:PassRole"}
+
+
+def test_the_cloud_doc_example_profile_loads(tmp_path: Path) -> None:
+    example, without_template = _fenced(CLOUD_DOC.split("## An example profile")[1], "yaml")[:2]
+    path = tmp_path / "cloud.yaml"
+    path.write_text(example)
+    profile = config.load(path).cloud.profiles["burst-a100"]
+    assert profile.launch_template is not None
+    assert profile.user_data is not None
+    assert "${expires}" in profile.user_data
+    path.write_text(
+        example.replace("      launch_template: lt-0123456789abcdef0\n", without_template)
+    )
+    assert config.load(path).cloud.profiles["burst-a100"].ami == "ami-0123456789abcdef0"
+
+
+def test_every_cloud_profile_key_is_documented() -> None:
+    reference = CLOUD_DOC.split("## Profile reference")[1].split("\n## ")[0]
+    for name in [*CloudProfile.model_fields, *Cloud.model_fields]:
+        if name != "profiles":
+            assert f"| `{name}` |" in reference, name
+    for key in tags.OWN_KEYS:
+        assert f"| `{key}` |" in CLOUD_DOC, key

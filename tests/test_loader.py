@@ -63,6 +63,7 @@ def test_the_shipped_playbooks_load_against_the_shipped_config() -> None:
     playbooks = loader.load([SHIPPED], CONFIG)
     assert [Path(f).name for f in playbooks.files] == sorted(p.name for p in SHIPPED.glob("*.yaml"))
     assert [r.name for r in playbooks.rules] == [
+        "burst-for-critical-work",
         "gpu-fatal-error",
         "idle-process-holding-memory",
         "gpu-memory-full-soon",
