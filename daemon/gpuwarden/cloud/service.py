@@ -1,5 +1,5 @@
-"""The cloud side of the daemon: launch within the caps, reap what is no longer needed, and
-keep the journal and EC2 in agreement.
+"""The cloud side of the daemon: launch within the caps; reconciling and reaping live in
+``gpuwarden.cloud.reaper``.
 
 Every decision that spends money is taken under one lock, so two incidents that fire in the
 same tick cannot both see room for the last allowed instance. Before launching, a step looks
@@ -15,52 +15,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
 from gpuwarden.actions.base import Waiter
-from gpuwarden.cloud import ec2, plan, tags
+from gpuwarden.cloud import ec2, plan, reaper, tags
 from gpuwarden.cloud.ec2 import CloudError, Ec2, LaunchRequest, Seen
-from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES, Managed
+from gpuwarden.cloud.instance import ENDED_STATES, LIVE_STATES, Managed
+from gpuwarden.cloud.reaper import Reaped, Reconciled
 from gpuwarden.cloud.store import InstanceStore
 from gpuwarden.config import Cloud, CloudProfile
 from gpuwarden.model import Intent, Outcome
 
 log = logging.getLogger("gpuwarden.cloud")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Reaped:
-    """One instance the reaper ended (or, in dry-run, would end)."""
-
-    instance_id: str
-    profile: str
-    reason: str  # linger | ttl
-    state: str  # the state EC2 reported after the call; "would" in dry-run
-    detail: str
-
-
-@dataclass
-class Reconciled:
-    """What a comparison of the journal with EC2 found; each list holds one line per instance."""
-
-    adopted: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    gone: list[str] = field(default_factory=list)
-    foreign: list[str] = field(default_factory=list)  # our tags, a profile not configured
-    errors: list[str] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        return (
-            [f"adopted {x}" for x in self.adopted]
-            + [f"updated {x}" for x in self.updated]
-            + [f"gone {x}" for x in self.gone]
-            + [f"not configured {x}" for x in self.foreign]
-            + [f"error {x}" for x in self.errors]
-        )
 
 
 def _money(usd: float | None) -> str:
@@ -150,7 +120,7 @@ class CloudService:
         seen = backoff(
             lambda: client.managed(host=self.host, incident=intent.incident, step=intent.step)
         )
-        already = plan.merge(mine, [self._from_seen(s, name, profile, now) for s in seen])
+        already = plan.merge(mine, [self.from_seen(s, name, profile, now) for s in seen])
         already = [m for m in already if m.live]
         if already and not dry_run:
             for instance in already:
@@ -168,7 +138,7 @@ class CloudService:
         owned = plan.merge(
             self.store.live(name),
             [
-                self._from_seen(s, name, profile, now)
+                self.from_seen(s, name, profile, now)
                 for s in backoff(lambda: client.managed(host=self.host, profile=name))
             ],
         )
@@ -350,7 +320,7 @@ class CloudService:
             user_data=user_data,
         )
 
-    def _from_seen(self, seen: Seen, name: str, profile: CloudProfile, now: float) -> Managed:
+    def from_seen(self, seen: Seen, name: str, profile: CloudProfile, now: float) -> Managed:
         """An instance as EC2 describes it, in the journal's terms (times from its tags)."""
         found = seen.tags
         launched_at = seen.launch_time if seen.launch_time is not None else now
@@ -374,145 +344,15 @@ class CloudService:
             adopted=True,
         )
 
-    # -- reconciling and reaping ------------------------------------------------------------------
+    # -- reconciling and reaping (gpuwarden.cloud.reaper) ----------------------------------------
 
     def reconcile(self, now: float) -> Reconciled:
-        """Bring the journal in line with EC2: adopt instances that carry this host's tags but
-        are not in the journal, update states, and mark what EC2 no longer knows as gone.
-        Read-only towards EC2; what is past its time is the reaper's."""
-        report = Reconciled()
-        seen_ids: set[str] = set()
-        foreign: set[str] = set()
-        asked: set[str] = set()  # profiles whose view of EC2 we have
-        for name, profile in sorted(self.cloud.profiles.items()):
-            try:
-                described = self.client(name).managed(
-                    host=self.host, states=LIVE_STATES + ENDED_STATES
-                )
-            except CloudError as exc:
-                report.errors.append(f"{name}: {exc}")
-                continue
-            asked.add(name)
-            for seen in described:
-                seen_ids.add(seen.instance_id)
-                tagged = seen.tags.get(tags.PROFILE, name)
-                if tagged in self.cloud.profiles:
-                    # Two profiles in one region see each other's instances: each profile's
-                    # pass handles its own, and every pass counts what it saw as known.
-                    if tagged == name:
-                        self._reconcile_one(seen, name, profile, now, report)
-                elif seen.instance_id not in foreign and seen.state in LIVE_STATES:
-                    # reported once, however many profiles' passes see it
-                    foreign.add(seen.instance_id)
-                    report.foreign.append(f"{seen.instance_id} (profile {tagged})")
-        for row in self.store.live():
-            if row.profile in asked and row.instance_id not in seen_ids:
-                self.store.ended(row.instance_id, GONE, now, "gone")
-                report.gone.append(f"{row.instance_id} ({row.profile})")
-        for line in report.lines():
-            log.info("cloud reconcile: %s", line)
-        return report
-
-    def _reconcile_one(
-        self, seen: Seen, name: str, profile: CloudProfile, now: float, report: Reconciled
-    ) -> None:
-        known = self.store.get(seen.instance_id)
-        if known is None:
-            if seen.state in LIVE_STATES:
-                self.store.add(self._from_seen(seen, name, profile, now), now)
-                report.adopted.append(f"{seen.instance_id} ({seen.instance_type}, {seen.state})")
-            return
-        if known.state == seen.state:
-            return
-        if seen.state in ENDED_STATES:
-            # The first end keeps its time and reason; shutting-down -> terminated after our
-            # own terminate is the normal course, not news.
-            self.store.ended(seen.instance_id, seen.state, now, "external")
-            if known.live:
-                report.updated.append(f"{seen.instance_id} {known.state} -> {seen.state}")
-            return
-        self.store.set_state(seen.instance_id, seen.state, now)
-        report.updated.append(f"{seen.instance_id} {known.state} -> {seen.state}")
+        """Bring the journal in line with EC2 (adopt, update, mark gone); terminates nothing."""
+        return reaper.reconcile(self, now)
 
     def reap(self, now: float, *, dry_run: bool) -> list[Reaped]:
-        """Terminate what has lingered long enough after its incident, and anything past its
-        ttl. Each instance is confirmed as ours by its tags in EC2 just before."""
-        live = self.store.live()
-        incidents = {m.incident for m in live if m.incident}
-        resolved = self.store.resolved_at(incidents)
-        linger = {name: p.linger for name, p in self.cloud.profiles.items()}
-        decisions = plan.reap_plan(live, resolved, now, linger)
-        by_id = {m.instance_id: m for m in live}
-        results: list[Reaped] = []
-        for name in sorted({by_id[d.instance_id].profile for d in decisions}):
-            batch = [d for d in decisions if by_id[d.instance_id].profile == name]
-            if name not in self.cloud.profiles:
-                for d in batch:
-                    log.error(
-                        "cloud reap: %s (%s) is due but profile %s is not configured any more; "
-                        "terminate it by hand",
-                        d.instance_id,
-                        d.reason,
-                        name,
-                    )
-                continue
-            results += self._reap_batch(name, batch, by_id, now, dry_run)
-        return results
-
-    def _reap_batch(
-        self,
-        name: str,
-        batch: Iterable[plan.ReapDecision],
-        by_id: dict[str, Managed],
-        now: float,
-        dry_run: bool,
-    ) -> list[Reaped]:
-        decisions = list(batch)
-        try:
-            client = self.client(name)
-            ours = {
-                s.instance_id: s
-                for s in client.managed(host=self.host, states=LIVE_STATES + ENDED_STATES)
-            }
-        except CloudError as exc:
-            log.error("cloud reap: %s: %s; tried again at the next round", name, exc)
-            return []
-        due: list[plan.ReapDecision] = []
-        for d in decisions:
-            seen = ours.get(d.instance_id)
-            if seen is None or seen.state in ENDED_STATES:
-                # ended behind our back (or forgotten by EC2): recorded, not terminated again
-                if not dry_run:
-                    if seen is None:
-                        self.store.ended(d.instance_id, GONE, now, "gone")
-                    else:
-                        self.store.ended(d.instance_id, seen.state, now, "external")
-                continue
-            due.append(d)
-        if not due:
-            return []
-        try:
-            states = client.terminate([d.instance_id for d in due], dry_run=dry_run)
-        except CloudError as exc:
-            log.error("cloud reap: terminating %s: %s", ", ".join(d.instance_id for d in due), exc)
-            return []
-        results = []
-        for d in due:
-            state = "would" if dry_run else states.get(d.instance_id, "")
-            if not dry_run and state not in ENDED_STATES:
-                state = "shutting-down"  # asked to terminate; the next reconcile reads the truth
-            if not dry_run:
-                self.store.ended(d.instance_id, state, now, d.reason)
-            log.info(
-                "cloud reap: %s %s (%s): %s%s",
-                "would terminate" if dry_run else "terminated",
-                d.instance_id,
-                d.reason,
-                d.detail,
-                "" if dry_run else f" -> {state}",
-            )
-            results.append(Reaped(d.instance_id, name, d.reason, state, d.detail))
-        return results
+        """Terminate what lingered long enough after its incident, and anything past its ttl."""
+        return reaper.reap(self, now, dry_run=dry_run)
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -538,7 +378,7 @@ class CloudService:
                 states[seen.instance_id] = seen.state
                 if seen.instance_id not in known and seen.state in LIVE_STATES:
                     known.add(seen.instance_id)
-                    extra.append(self._from_seen(seen, name, profile, now))
+                    extra.append(self.from_seen(seen, name, profile, now))
         merged = [
             replace(m, state=states[m.instance_id]) if m.instance_id in states else m for m in rows
         ]
