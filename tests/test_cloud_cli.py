@@ -584,3 +584,26 @@ def test_drill_cloud_needs_a_profile(tmp_path: Path) -> None:
     result = gpuwarden("drill", scenario, "--config", path, "--cloud")
     assert result.returncode == ExitCode.BAD_INPUT
     assert "--cloud: the config has no cloud profiles" in result.stderr
+
+
+def test_an_ended_instance_is_as_old_as_it_lived() -> None:
+    from gpuwarden.cli_cloud import instance_json
+
+    ended = Managed(
+        instance_id="i-0123456789abcdef0",
+        profile="burst",
+        region="us-east-1",
+        instance_type="g5.xlarge",
+        market="on-demand",
+        state="terminated",
+        launched_at=1000.0,
+        expires_at=1000.0 + 8 * 3600,
+        host=HOST,
+        hourly_usd=1.0,
+        terminated_at=1000.0 + 1800,
+        end_reason="linger",
+    )
+    shown = instance_json(ended, now=1000.0 + 86400)
+    assert shown["age_s"] == 1800
+    assert shown["cost_usd"] == pytest.approx(0.5)
+    assert shown["expires_in_s"] is None

@@ -7,9 +7,10 @@ live one that carries this host's tags but is missing from the journal); it writ
 lingered long enough after its incident. boto3 is imported only when EC2 is asked.
 
 ``cloud --json`` prints a list with one object per instance: every field of
-``gpuwarden.cloud.instance.Managed`` (times in epoch seconds) plus ``age_s`` (seconds since
-launch), ``cost_usd`` (estimated spend so far, null when the type has no price) and
-``expires_in_s`` (seconds until the ttl reaps it, negative when overdue, null once ended).
+``gpuwarden.cloud.instance.Managed`` (times in epoch seconds) plus ``age_s`` (seconds from
+launch to its end, or to now), ``cost_usd`` (estimated spend so far, null when the type has
+no price) and ``expires_in_s`` (seconds until the ttl reaps it, negative when overdue, null
+once ended).
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="terminate nothing, say what would be (the journal still learns EC2's states)",
     )
+
+
+def _age(m: Managed, now: float) -> float:
+    """Seconds from launch to its end, or to now while it runs."""
+    end = m.terminated_at if m.terminated_at is not None else now
+    return max(0.0, end - m.launched_at)
 
 
 def cmd_cloud(args: argparse.Namespace, cfg: config.Config) -> int:
@@ -140,7 +147,7 @@ def instance_json(m: Managed, now: float) -> dict[str, Any]:
     cost = m.cost_so_far(now)
     expires_in = _expires_in(m, now)
     return dataclasses.asdict(m) | {
-        "age_s": round(max(0.0, now - m.launched_at), 3),
+        "age_s": round(_age(m, now), 3),
         "cost_usd": None if cost is None else round(cost, 6),
         "expires_in_s": None if expires_in is None else round(expires_in, 3),
     }
@@ -177,7 +184,7 @@ def render_instances(rows: Sequence[Managed], now: float) -> str:
                 _text(m.instance_type),
                 _text(m.state),
                 _text(m.incident or "-"),
-                format_duration(max(0.0, now - m.launched_at)),
+                format_duration(_age(m, now)),
                 expiry,
                 _money(m.cost_so_far(now)),
             )
