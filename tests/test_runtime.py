@@ -244,3 +244,72 @@ rules:
         assert journal.breaker() is None
     finally:
         journal.close()
+
+
+def cloud_round(runtime: Runtime) -> Any:
+    return runtime._cloud_round
+
+
+def test_the_daemon_calls_ec2_only_when_it_has_something_to_look_after(
+    tmp_path: Path, cfg: Config
+) -> None:
+    """No rule provisions and nothing runs: no reconcile rounds (no EC2 calls every minute on
+    a node that never bursts). A live instance in the journal: a round at the next interval."""
+    from gpuwarden.clock import SimClock
+    from gpuwarden.cloud.ec2 import CloudError
+    from gpuwarden.cloud.instance import Managed
+    from gpuwarden.cloud.service import CloudService
+    from gpuwarden.cloud.store import InstanceStore
+    from gpuwarden.config import CloudProfile
+
+    assert cfg.cloud.profiles  # demo.yaml has a profile
+    connects: list[str] = []
+
+    def connect(profile: CloudProfile) -> Any:
+        connects.append(profile.region)
+        raise CloudError("unavailable", "no EC2 in this test")
+
+    source = ScenarioSource.open(ROOT / "scenarios" / "xid79-one-of-eight.yaml")
+    clock = SimClock(source.start_time)
+    journal = Journal(tmp_path / "journal.db")
+    store = InstanceStore.open(journal.path)
+    runtime = Runtime(
+        cfg,
+        source,
+        loader.load([ROOT / "playbooks" / "memory-pressure.yaml"], cfg),
+        journal,
+        clock=clock,
+        host="test-node",
+        cloud=CloudService(cfg.cloud, store, host="test-node", connect=connect),
+    )
+    try:
+        for _ in range(3):
+            runtime.tick()
+            clock.sleep(cfg.cloud.reap_interval)
+        assert cloud_round(runtime) is None
+        assert connects == []
+        store.add(
+            Managed(
+                instance_id="i-0123456789abcdef0",
+                profile="burst-a100",
+                region="us-east-1",
+                instance_type="p4d.24xlarge",
+                market="on-demand",
+                state="running",
+                launched_at=clock.now(),
+                expires_at=clock.now() + 3600,
+                host="test-node",
+            ),
+            clock.now(),
+        )
+        clock.sleep(cfg.cloud.reap_interval)
+        runtime.tick()
+        started = cloud_round(runtime)
+        assert started is not None
+        started.result(timeout=10)
+        assert connects  # the round asked EC2 (reconcile, then the reaper: it is past its ttl)
+        assert set(connects) == {"us-east-1"}
+    finally:
+        runtime.shutdown()
+        journal.close()
+        store.close()
