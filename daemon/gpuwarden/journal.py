@@ -19,7 +19,6 @@ The file format is in ``journal_schema``, what is written (and redacted) in
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import threading
 import uuid
@@ -54,10 +53,8 @@ from gpuwarden.journal_schema import (
     MIGRATIONS,
     JournalError,
     Migration,
-    check_integrity,
-    check_readable,
+    connect,
     errors,
-    migrate,
     transaction,
 )
 from gpuwarden.model import Intent, Outcome, RuleChange
@@ -115,43 +112,13 @@ class Journal:
     # -- the file ---------------------------------------------------------------------------
 
     def _open(self, migrations: Sequence[Migration]) -> sqlite3.Connection:
-        path = self.path
-        if self.readonly:
-            if not path.is_file():
-                raise JournalError(
-                    f"no journal at {path}",
-                    hint=f"the daemon writes it in its state_dir ({path.parent}) once it has "
-                    "run; give the daemon's --config to read its state_dir",
-                )
-            target, uri = path.resolve().as_uri() + "?mode=ro", True
-        else:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-            except OSError as exc:
-                raise JournalError(
-                    f"cannot create the journal {path}: {exc.strerror}",
-                    hint=f"the daemon needs to write to {path.parent} (state_dir in the config)",
-                ) from None
-            target, uri = str(path), False
-        with self._errors("open"):
-            conn = sqlite3.connect(
-                target, timeout=self.timeout, isolation_level=None, check_same_thread=False, uri=uri
-            )
-        try:
-            with self._errors("open"):
-                conn.execute("PRAGMA trusted_schema = OFF")
-                if self.readonly:
-                    check_readable(conn, self.path, len(migrations))
-                else:
-                    conn.execute("PRAGMA journal_mode = WAL")
-                    conn.execute("PRAGMA synchronous = FULL")
-                    check_integrity(conn, path)
-                    migrate(conn, path, migrations)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return connect(
+            self.path,
+            timeout=self.timeout,
+            readonly=self.readonly,
+            migrations=migrations,
+            integrity=True,
+        )
 
     def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
         return errors(self.path, doing, self.timeout)

@@ -16,6 +16,7 @@ names the file and says what to do.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -341,3 +342,54 @@ def transaction(
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+
+def connect(
+    path: Path,
+    *,
+    timeout: float,
+    readonly: bool = False,
+    migrations: Sequence[Migration] = MIGRATIONS,
+    integrity: bool = False,
+) -> sqlite3.Connection:
+    """A connection to the journal at ``path`` in autocommit mode, usable from any thread
+    (callers hold their own lock). Read-only: the file must exist at exactly the version
+    this gpuwarden knows. Otherwise the file is created (0600, its folder 0700), switched to
+    WAL and migrated; ``integrity`` also runs a quick check first (the daemon's journal)."""
+    if readonly:
+        if not path.is_file():
+            raise JournalError(
+                f"no journal at {path}",
+                hint=f"the daemon writes it in its state_dir ({path.parent}) once it has "
+                "run; give the daemon's --config to read its state_dir",
+            )
+        target, uri = path.resolve().as_uri() + "?mode=ro", True
+    else:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            raise JournalError(
+                f"cannot create the journal {path}: {exc.strerror}",
+                hint=f"the daemon needs to write to {path.parent} (state_dir in the config)",
+            ) from None
+        target, uri = str(path), False
+    with errors(path, "open", timeout):
+        conn = sqlite3.connect(
+            target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri
+        )
+    try:
+        with errors(path, "open", timeout):
+            conn.execute("PRAGMA trusted_schema = OFF")
+            if readonly:
+                check_readable(conn, path, len(migrations))
+            else:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+                if integrity:
+                    check_integrity(conn, path)
+                migrate(conn, path, migrations)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

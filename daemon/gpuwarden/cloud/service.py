@@ -181,6 +181,24 @@ class CloudService:
                     break
                 raise
             hourly = None if price is None else price * room.count
+            # What one instance of this launch is, in the journal's terms.
+            one_of = Managed(
+                instance_id="",
+                profile=name,
+                region=profile.region,
+                instance_type=attempt.instance_type,
+                market=profile.market,
+                state="pending",
+                launched_at=now,
+                expires_at=expires_at,
+                host=self.host,
+                incident=intent.incident,
+                rule=intent.rule,
+                step=intent.step,
+                intent=intent.id,
+                subnet=attempt.subnet,
+                hourly_usd=price,
+            )
             if dry_run:
                 would.append(
                     f"{room.count} x {attempt.instance_type} ({profile.market}) in {where} "
@@ -188,38 +206,16 @@ class CloudService:
                 )
                 remaining -= room.count
                 planned += [
-                    Managed(
-                        instance_id=f"(would {len(planned) + n})",
-                        profile=name,
-                        region=profile.region,
-                        instance_type=attempt.instance_type,
-                        market=profile.market,
-                        state="pending",
-                        launched_at=now,
-                        expires_at=expires_at,
-                        host=self.host,
-                        hourly_usd=price,
-                    )
+                    replace(one_of, instance_id=f"(would {len(planned) + n})")
                     for n in range(room.count)
                 ]
                 continue
             for one in got:
-                managed = Managed(
+                managed = replace(
+                    one_of,
                     instance_id=one.instance_id,
-                    profile=name,
-                    region=profile.region,
-                    instance_type=attempt.instance_type,
-                    market=profile.market,
                     state=one.state or "pending",
-                    launched_at=now,
-                    expires_at=expires_at,
-                    host=self.host,
-                    incident=intent.incident,
-                    rule=intent.rule,
-                    step=intent.step,
-                    intent=intent.id,
                     subnet=one.subnet or attempt.subnet,
-                    hourly_usd=price,
                 )
                 self.store.add(managed, now)
                 launched.append(managed)

@@ -14,7 +14,6 @@ wrong with the file becomes a ``JournalError`` that names it and says what to do
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -22,11 +21,9 @@ from pathlib import Path
 
 from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES, Managed
 from gpuwarden.journal_schema import (
-    MIGRATIONS,
     JournalError,
-    check_readable,
+    connect,
     errors,
-    migrate,
     transaction,
 )
 
@@ -131,42 +128,7 @@ class InstanceStore:
     # -- the file ---------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
-        path = self.path
-        if self.readonly:
-            if not path.is_file():
-                raise JournalError(
-                    f"no journal at {path}",
-                    hint=f"the daemon writes it in its state_dir ({path.parent}) once it has "
-                    "run; give the daemon's --config to read its state_dir",
-                )
-            target, uri = path.resolve().as_uri() + "?mode=ro", True
-        else:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-            except OSError as exc:
-                raise JournalError(
-                    f"cannot create the journal {path}: {exc.strerror}",
-                    hint=f"the daemon needs to write to {path.parent} (state_dir in the config)",
-                ) from None
-            target, uri = str(path), False
-        with self._errors("open"):
-            conn = sqlite3.connect(
-                target, timeout=self.timeout, isolation_level=None, check_same_thread=False, uri=uri
-            )
-        try:
-            with self._errors("open"):
-                conn.execute("PRAGMA trusted_schema = OFF")
-                if self.readonly:
-                    check_readable(conn, self.path, len(MIGRATIONS))
-                else:
-                    conn.execute("PRAGMA journal_mode = WAL")
-                    conn.execute("PRAGMA synchronous = FULL")
-                    migrate(conn, path, MIGRATIONS)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return connect(self.path, timeout=self.timeout, readonly=self.readonly)
 
     def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
         return errors(self.path, doing, self.timeout)

@@ -21,7 +21,6 @@ errors pass through ``redact_text``; URLs are never stored.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -34,8 +33,8 @@ from gpuwarden.journal_schema import (
     MIGRATIONS,
     JournalError,
     Migration,
+    connect,
     errors,
-    migrate,
     transaction,
 )
 
@@ -140,28 +139,7 @@ class Outbox:
         self.path = Path(path)
         self.timeout = timeout
         self._lock = threading.Lock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-        except OSError as exc:
-            raise JournalError(
-                f"cannot create the journal {self.path}: {exc.strerror}",
-                hint=f"the daemon needs to write to {self.path.parent} (state_dir in the config)",
-            ) from None
-        with self._errors("open"):
-            conn = sqlite3.connect(
-                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
-            )
-        try:
-            with self._errors("open"):
-                conn.execute("PRAGMA trusted_schema = OFF")
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = FULL")
-                migrate(conn, self.path, migrations)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
+        self._conn = connect(self.path, timeout=timeout, migrations=migrations)
 
     def close(self) -> None:
         with self._lock:
