@@ -866,3 +866,44 @@ def test_a_terminate_answer_without_a_state_is_recorded_as_shutting_down(stub: S
         "ttl",
         t0 + TTL,
     )
+
+
+def test_a_reconcile_round_rides_out_throttling(stub: Stubbed) -> None:
+    """The describe of a reconcile round is retried while EC2 throttles, not given up on."""
+    service = stub.service()
+    stub.stubber.add_client_error(
+        "describe_instances",
+        service_error_code="RequestLimitExceeded",
+        service_message="Request limit exceeded.",
+        http_status_code=503,
+    )
+    stub.stubber.add_response(
+        "describe_instances",
+        {
+            "Reservations": [
+                {
+                    "Instances": [
+                        {
+                            "InstanceId": "i-0f",
+                            "InstanceType": "g5.xlarge",
+                            "State": {"Code": 16, "Name": "running"},
+                            "Tags": [
+                                {"Key": tags.MANAGED, "Value": "true"},
+                                {"Key": tags.HOST, "Value": HOST},
+                                {"Key": tags.PROFILE, "Value": "burst"},
+                                {"Key": tags.INCIDENT, "Value": INCIDENT},
+                            ],
+                        }
+                    ]
+                }
+            ]
+        },
+    )
+
+    report = service.reconcile(stub.clock.now())
+
+    assert report.errors == []
+    assert report.adopted == ["i-0f (g5.xlarge, running)"]
+    adopted = service.store.get("i-0f")
+    assert adopted is not None
+    assert adopted.incident == INCIDENT

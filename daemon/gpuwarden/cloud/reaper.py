@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from gpuwarden.cloud import plan, tags
@@ -68,9 +69,7 @@ def reconcile(service: CloudService, now: float) -> Reconciled:
     asked: set[str] = set()  # profiles whose view of EC2 we have
     for name, profile in sorted(service.cloud.profiles.items()):
         try:
-            described = service.client(name).managed(
-                host=service.host, states=LIVE_STATES + ENDED_STATES
-            )
+            described = service.described(name, states=LIVE_STATES + ENDED_STATES)
         except CloudError as exc:
             report.errors.append(f"{name}: {exc}")
             continue
@@ -159,11 +158,10 @@ def _reap_batch(
 ) -> list[Reaped]:
     decisions = list(batch)
     try:
-        client = service.client(name)
         ours = {
-            s.instance_id: s
-            for s in client.managed(host=service.host, states=LIVE_STATES + ENDED_STATES)
+            s.instance_id: s for s in service.described(name, states=LIVE_STATES + ENDED_STATES)
         }
+        client = service.client(name)
     except CloudError as exc:
         log.error("cloud reap: %s: %s; tried again at the next round", name, exc)
         return []
@@ -182,7 +180,9 @@ def _reap_batch(
     if not due:
         return []
     try:
-        states = client.terminate([d.instance_id for d in due], dry_run=dry_run)
+        states = service.retrying(
+            partial(client.terminate, [d.instance_id for d in due], dry_run=dry_run)
+        )
     except CloudError as exc:
         log.error("cloud reap: terminating %s: %s", ", ".join(d.instance_id for d in due), exc)
         return []

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpuwarden.actions.base import Waiter
 from gpuwarden.cloud import ec2, plan, reaper, tags
@@ -31,6 +32,12 @@ from gpuwarden.model import Intent, Outcome
 
 log = logging.getLogger("gpuwarden.cloud")
 T = TypeVar("T")
+
+
+def _pause(seconds: float) -> bool:
+    """The wait between retries of a reconcile or reap round (a worker thread or the CLI)."""
+    time.sleep(seconds)
+    return True
 
 
 def _money(usd: float | None) -> str:
@@ -58,6 +65,16 @@ class CloudService:
         with self._lock:
             self.cloud = cloud
             self._clients.clear()
+
+    def described(self, name: str, **filters: Any) -> list[Seen]:
+        """This host's instances as EC2 describes them, through the named profile's client
+        (``Ec2.managed`` filters), retried with backoff while EC2 throttles."""
+        return self.retrying(partial(self.client(name).managed, host=self.host, **filters))
+
+    def retrying(self, call: Callable[[], T]) -> T:
+        """``call()``, retried with backoff while EC2 throttles (reconcile and reap rounds run
+        in a worker thread or the CLI: they may sleep)."""
+        return ec2.with_backoff(call, sleep=_pause)
 
     def client(self, name: str) -> Ec2:
         with self._lock:
@@ -364,9 +381,7 @@ class CloudService:
         known = {m.instance_id for m in rows}
         for name, profile in sorted(self.cloud.profiles.items()):
             try:
-                described = self.client(name).managed(
-                    host=self.host, states=LIVE_STATES + ENDED_STATES
-                )
+                described = self.described(name, states=LIVE_STATES + ENDED_STATES)
             except CloudError as exc:
                 problems.append(f"{name}: {exc}")
                 continue
