@@ -607,3 +607,48 @@ def test_an_ended_instance_is_as_old_as_it_lived() -> None:
     assert shown["age_s"] == 1800
     assert shown["cost_usd"] == pytest.approx(0.5)
     assert shown["expires_in_s"] is None
+
+
+def test_an_incidents_timeline_lists_the_instances_it_launched(tmp_path: Path) -> None:
+    from gpuwarden.journal import Journal
+    from gpuwarden.model import RuleChange, Transition
+
+    path = write_config(tmp_path, {"burst": profile(UNREACHABLE)})
+    t0 = time.time() - 3600
+    incident = "20261130T010000Z-burst-when-hot-gpu:0"
+    with Journal(journal(tmp_path)) as record:
+        for kind, at in ((Transition.FIRING, t0), (Transition.RESOLVED, t0 + 1800)):
+            change = RuleChange(kind, "burst-when-hot", "gpu:0", at, Reason.RESOLVED, incident)
+            record.record(change, at)
+    with InstanceStore.open(journal(tmp_path)) as store:
+        store.add(
+            Managed(
+                instance_id="i-0123456789abcdef0",
+                profile="burst",
+                region=REGION,
+                instance_type="g5.xlarge",
+                market="on-demand",
+                state="running",
+                launched_at=t0 + 600,
+                expires_at=t0 + 600 + 8 * 3600,
+                host=HOST,
+                incident=incident,
+                hourly_usd=1.0,
+            ),
+            t0 + 600,
+        )
+        store.ended("i-0123456789abcdef0", "terminated", t0 + 2400, "linger")
+
+    shown = gpuwarden("incident", incident, "--config", path)
+    assert shown.returncode == ExitCode.OK, shown.stderr
+    text = shown.stdout
+    assert "cloud instances" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("i-0123456789abcdef0")]
+    assert row.split()[:4] == ["i-0123456789abcdef0", "burst", "g5.xlarge", "terminated"]
+    assert row.split()[-1] == "$0.50"  # half an hour at $1/h
+
+    as_json = gpuwarden("incident", incident, "--config", path, "--json")
+    assert as_json.returncode == ExitCode.OK, as_json.stderr
+    (instance,) = json.loads(as_json.stdout)["instances"]
+    assert instance["end_reason"] == "linger"
+    assert instance["age_s"] == pytest.approx(1800)

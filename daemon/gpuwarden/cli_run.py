@@ -12,10 +12,13 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden import config
 from gpuwarden.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from gpuwarden.cloud.instance import Managed
 
 JOURNAL_NAME = "journal.db"
 
@@ -280,19 +283,33 @@ def cmd_incidents(args: argparse.Namespace, cfg: config.Config) -> int:
 
 
 def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
-    from gpuwarden import journal_view
+    from gpuwarden import cli_cloud, journal_view
 
     journal = _readonly(args, cfg)
     try:
         incident = _journal_target(journal, args.id)
         timeline = journal.timeline(incident.id)
+        instances = _cloud_instances(journal.path, incident.id)
     finally:
         journal.close()
+    now = time.time()
     if args.json:
-        print(json.dumps(journal_view.timeline_json(incident, timeline), indent=2))
+        doc = journal_view.timeline_json(incident, timeline)
+        doc["instances"] = [cli_cloud.instance_json(m, now) for m in instances]
+        print(json.dumps(doc, indent=2))
     else:
-        print(journal_view.render_timeline(incident, timeline, time.time()))
+        print(journal_view.render_timeline(incident, timeline, now))
+        if instances:
+            print("\ncloud instances\n" + cli_cloud.render_instances(instances, now))
     return ExitCode.OK
+
+
+def _cloud_instances(path: Path, incident: str) -> list[Managed]:
+    """The cloud instances an incident launched, from the same journal file."""
+    from gpuwarden.cloud.store import InstanceStore
+
+    with InstanceStore.open_readonly(path) as store:
+        return store.for_incident(incident)
 
 
 def cmd_reset_breaker(args: argparse.Namespace, cfg: config.Config) -> int:

@@ -202,6 +202,12 @@ class InstanceStore:
             )
             return [_row(r) for r in rows]
 
+    def for_incident(self, incident: str) -> list[Managed]:
+        """Every instance an incident launched (or that carried its tag), oldest launch first."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(_SELECT + " WHERE incident = ?" + _OLDEST_FIRST, (incident,))
+            return [_row(r) for r in rows]
+
     def all(self) -> list[Managed]:
         """Every instance the journal knows, newest launch first."""
         with self._tx(write=False) as conn:
