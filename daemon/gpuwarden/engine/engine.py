@@ -208,6 +208,7 @@ class Engine:
         self._record_history(scopes_by_kind, base, now)
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
+        envs_by_kind: dict[str, list[Env]] = {}  # each scope's environment, once per tick
         for rule in self.playbooks.rules:
             if rule.every is not None:
                 # Counted from when the engine first saw the rule: a daemon started on
@@ -218,9 +219,14 @@ class Engine:
                     self._advance_open(rule, scopes_by_kind, snapshot, base, now, changes, intents)
                     continue
                 self._last_run[rule.name] = latest_instant(rule.every, last, now, self.tz)
+            kind = rule.spec.for_each
+            envs = envs_by_kind.get(kind)
+            if envs is None:
+                envs = envs_by_kind[kind] = [self._env(base, s) for s in scopes_by_kind[kind]]
             self._evaluate(
                 rule,
-                scopes_by_kind[rule.spec.for_each],
+                scopes_by_kind[kind],
+                envs,
                 snapshot,
                 gpus,
                 base,
@@ -272,6 +278,7 @@ class Engine:
         self,
         rule: CompiledRule,
         scopes: list[Scope],
+        envs: list[Env],
         snapshot: Snapshot,
         gpus: dict[int, Any],
         base: Env,
@@ -279,12 +286,12 @@ class Engine:
         changes: Records,
         intents: Records,
     ) -> None:
+        """``envs``: the environment of each of ``scopes``, in the same order."""
         states = self._states.setdefault(rule.name, {})
         present: set[str] = set()
-        for scope in scopes:
+        for scope, env in zip(scopes, envs, strict=True):
             if scope.key in present and rule.spec.for_each == "event":
                 continue  # one incident per GPU, however many events arrive in one tick
-            env = self._env(base, scope)
             holds = rule.when.test(env)
             state = states.get(scope.key)
             if state is None:

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuwarden.playbook.expr import HistoryView, Series
 
 MAX_SAMPLES = 100_000  # per scope and series, whatever the window: a bound on memory
 _COMPACT_AFTER = 256  # dropped samples before the lists are shifted down
+
+_EMPTY: Mapping[int, Any] = {}  # a scope with no history yet (never written to)
 
 
 def _sid(series: Series | int) -> int:
@@ -166,17 +168,11 @@ class History:
     ) -> HistoryView:
         """The history of ``scope_key`` at ``now``; series not recorded under it are looked up
         under the keys in ``also`` (the scope's GPU, the host), first found wins."""
-        values = self._values.get(scope_key, {})
-        since = self._since.get(scope_key, {})
-        extra = tuple(also)
-        if extra:
-            values, since = dict(values), dict(since)
-            for key in extra:
-                for sid, track in self._values.get(key, {}).items():
-                    values.setdefault(sid, track)
-                for sid, start in self._since.get(key, {}).items():
-                    since.setdefault(sid, start)
-        return ScopeHistory(values, since, now, self)
+        values, since = [self._values.get(scope_key, _EMPTY)], [self._since.get(scope_key, _EMPTY)]
+        for key in also:  # a loop, not a generator: this runs for every scope every tick
+            values.append(self._values.get(key, _EMPTY))
+            since.append(self._since.get(key, _EMPTY))
+        return ScopeHistory(tuple(values), tuple(since), now, self)
 
     def scope_keys(self) -> set[Hashable]:
         return set(self._values) | set(self._since)
@@ -199,11 +195,13 @@ class ScopeHistory:
 
     def __init__(
         self,
-        values: Mapping[int, Track],
-        since: Mapping[int, float],
+        values: tuple[Mapping[int, Track], ...],
+        since: tuple[Mapping[int, float], ...],
         now: float,
         history: History,
     ) -> None:
+        # The scope's own series first, then the wider scopes' (its GPU, the host): looked up
+        # when a function asks, first found wins, never merged into a copy.
         self._values = values
         self._since = since
         self._now = now
@@ -211,7 +209,7 @@ class ScopeHistory:
 
     def _window(self, series: int, window: float) -> tuple[Track | None, int, int]:
         self._history.need_window(series, window)
-        track = self._values.get(series)
+        track = next((t for m in self._values if (t := m.get(series)) is not None), None)
         if track is None:
             return None, 0, 0
         i, j = track.span(self._now, window)
@@ -256,5 +254,5 @@ class ScopeHistory:
         return mean_v + slope * (self._now + horizon - track.base - mean_x)
 
     def held_for(self, series: int) -> float:
-        since = self._since.get(series)
+        since = next((s for m in self._since if (s := m.get(series)) is not None), None)
         return 0.0 if since is None else max(0.0, self._now - since)

@@ -7,7 +7,7 @@ The set loads whole or not at all: every problem in every file is collected and 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwarden import yamlfile
@@ -98,10 +98,11 @@ class CompiledRule:
     active: ActiveWindows | None
     every: Schedule | None
     steps: tuple[CompiledStep, ...]
+    # The rule's name, read for every evaluation: a plain attribute, not the model's.
+    name: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.spec.name)
 
     @property
     def one_shot(self) -> bool:

@@ -9,6 +9,7 @@ the effect of a kill. Events are reported once, by the first snapshot at or afte
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import shutil
 import tempfile
@@ -141,6 +142,8 @@ class ScenarioSource:
         self._resolver = PriorityResolver(priorities or Priorities())
         self._attributor = attributor
         self._states = _accumulate(scenario)
+        self._times = [frame.at for frame in scenario.timeline]  # in order (validated)
+        self._ids: dict[int, tuple[str, str]] = {}  # GPU index -> (uuid, bus id)
         self._gpus = {gpu.index: gpu for gpu in scenario.gpus}
         self._jobs = {job.id: job for job in scenario.jobs}
         self._pids = {job.id: SYNTHETIC_PID_BASE + i for i, job in enumerate(scenario.jobs)}
@@ -210,10 +213,7 @@ class ScenarioSource:
 
     def _state_at(self, offset: float) -> dict[int, _GpuValues]:
         frames = self.scenario.timeline
-        index = 0
-        for k, frame in enumerate(frames):
-            if frame.at <= offset:
-                index = k
+        index = max(0, bisect.bisect_right(self._times, offset) - 1)  # the last one due
         before = self._states[index]
         if index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at:
             nxt = frames[index + 1]
@@ -225,10 +225,10 @@ class ScenarioSource:
 
     def _events(self, offset: float) -> list[tuple[Keyframe, float]]:
         previous = self._last_offset
+        first = 0 if previous is None else bisect.bisect_right(self._times, previous)
+        last = bisect.bisect_right(self._times, offset)
         return [
-            (frame, self.start_time + frame.at)
-            for frame in self.scenario.timeline
-            if frame.at <= offset and (previous is None or frame.at > previous)
+            (frame, self.start_time + frame.at) for frame in self.scenario.timeline[first:last]
         ]
 
     def _info(self, job: JobSpec) -> ProcessInfo:
@@ -278,8 +278,8 @@ class ScenarioSource:
             return GpuState(
                 index=spec.index,
                 name=spec.name,
-                uuid=self._uuid(spec),
-                pci_bus_id=self._bus_id(spec),
+                uuid=self._identity(spec)[0],
+                pci_bus_id=self._identity(spec)[1],
                 lost=True,
                 error=reason,
             )
@@ -294,8 +294,8 @@ class ScenarioSource:
         return GpuState(
             index=spec.index,
             name=spec.name,
-            uuid=self._uuid(spec),
-            pci_bus_id=self._bus_id(spec),
+            uuid=self._identity(spec)[0],
+            pci_bus_id=self._identity(spec)[1],
             memory=Memory(
                 total_mib=spec.memory_total_mib,
                 used_mib=used_mib,
@@ -337,6 +337,13 @@ class ScenarioSource:
             pstate=None if "pstate" in unsupported else (v.get("pstate") or 0),
             mig_mode=None if "mig_mode" in unsupported else spec.mig_mode,
         )
+
+    def _identity(self, spec: GpuSpec) -> tuple[str, str]:
+        """A GPU's UUID and PCI bus id: fixed for the scenario, so derived once."""
+        known = self._ids.get(spec.index)
+        if known is None:
+            known = self._ids[spec.index] = (self._uuid(spec), self._bus_id(spec))
+        return known
 
     def _uuid(self, spec: GpuSpec) -> str:
         if spec.uuid:
