@@ -43,6 +43,26 @@ def test_duplicate_key_is_an_error_with_both_lines() -> None:
     assert "duplicate key 'name' (first at line 1)" in problem.message
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("true", "True"), ("yes", "on"), ("1", "0x1"), ("~", "null"), ("1.5", "1.50"), ("1", "true")],
+)
+def test_keys_that_load_as_one_value_are_duplicates(first: str, second: str) -> None:
+    """YAML would keep only the last of them: spelled differently, they are still one key."""
+    with pytest.raises(InputError) as info:
+        yamlfile.parse(f"{first}: a\n{second}: b\n", "f.yaml")
+    (problem,) = info.value.problems
+    assert (problem.line, problem.col) == (2, 1)
+    assert "duplicate key" in problem.message
+    assert "(first at line 1)" in problem.message
+
+
+def test_a_quoted_key_is_text_not_the_value_it_spells() -> None:
+    located = yamlfile.parse("true: a\n'true': b\n2: c\n'2': d\n", "f.yaml")  # no error
+    assert (2,) in located.keys
+    assert ("2",) in located.keys
+
+
 def test_wrong_type_points_at_the_value() -> None:
     assert problems("name: a\nitems:\n  - size: big\n")[0].startswith(
         "f.yaml:3:11: items.0.size: input should be a valid integer"

@@ -208,6 +208,29 @@ def _walk(
             located.sources[path] = buffer[node.start_mark.index : node.end_mark.index]
 
 
+# Keys are compared as YAML constructs them: `true` and `True`, `1` and `0x1`, `~` and `null`
+# are one key each (the loaded mapping would silently keep only the last of them).
+_KEY_TAGS = tuple(f"tag:yaml.org,2002:{t}" for t in ("int", "bool", "null", "float"))
+
+
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+
+
+def _key(node: yaml.ScalarNode) -> tuple[Hashable, str | int]:
+    """A mapping key: (what it is once loaded, for the duplicate check; how a key path names
+    it: an int for an integer key, else its text)."""
+    text = node.value
+    if node.tag not in _KEY_TAGS:
+        return text, text
+    try:
+        value = _CONSTRUCTOR.construct_object(node)
+    except (yaml.YAMLError, ValueError):
+        return text, text
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    return value, text
+
+
 def _walk_children(
     node: yaml.CollectionNode,
     path: KeyPath,
@@ -224,21 +247,16 @@ def _walk_children(
                 line, col = _mark(key_node)
                 problems.append(Problem(file, line, col, "a key must be a plain value"))
                 continue
-            key: str | int = key_node.value
-            if key_node.tag.endswith(":int"):
-                try:
-                    key = int(key_node.value)
-                except ValueError:
-                    key = key_node.value
+            ident, key = _key(key_node)
             if key == "<<":
                 line, col = _mark(key_node)
                 problems.append(
                     Problem(file, line, col, "merge keys (<<) are not supported", "plain keys")
                 )
                 continue
-            if key in seen:
+            if ident in seen:
                 line, col = _mark(key_node)
-                first = seen[key]
+                first = seen[ident]
                 problems.append(
                     Problem(
                         file,
@@ -250,7 +268,7 @@ def _walk_children(
                     )
                 )
                 continue
-            seen[key] = _mark(key_node)
+            seen[ident] = _mark(key_node)
             keys[(*path, key)] = _mark(key_node)
             _walk(value_node, (*path, key), located, problems, file, aliases)
     elif isinstance(node, yaml.SequenceNode):
