@@ -85,6 +85,23 @@ def journal(tmp_path: Path) -> Path:
     return tmp_path / "state" / "journal.db"
 
 
+def instance(launched_at: float, **changes: Any) -> Managed:
+    """A journal row of one g5.xlarge launched at ``launched_at`` (8 h ttl), changed as asked."""
+    fields: dict[str, Any] = {
+        "instance_id": "i-0123456789abcdef0",
+        "profile": "burst",
+        "region": REGION,
+        "instance_type": "g5.xlarge",
+        "market": "on-demand",
+        "state": "running",
+        "launched_at": launched_at,
+        "expires_at": launched_at + 8 * 3600,
+        "host": HOST,
+    }
+    fields.update(changes)
+    return Managed(**fields)
+
+
 def intent(incident: str, step: int = 1, *, at: float | None = None) -> Intent:
     return Intent(
         id=f"{incident}/{step}",
@@ -237,16 +254,11 @@ def test_when_ec2_cannot_be_asked_the_journal_is_shown_and_said_so(tmp_path: Pat
     now = time.time()
     with InstanceStore.open(journal(tmp_path)) as store:
         store.add(
-            Managed(
-                instance_id="i-0123456789abcdef0",
-                profile="burst",
-                region=REGION,
+            instance(
+                now - 600,
                 instance_type="p5.48xlarge",  # not in the price table
                 market="spot",
-                state="running",
-                launched_at=now - 600,
                 expires_at=now - 60,
-                host=HOST,
             ),
             now,
         )
@@ -589,16 +601,9 @@ def test_drill_cloud_needs_a_profile(tmp_path: Path) -> None:
 def test_an_ended_instance_is_as_old_as_it_lived() -> None:
     from gpuwarden.cli_cloud import instance_json
 
-    ended = Managed(
-        instance_id="i-0123456789abcdef0",
-        profile="burst",
-        region="us-east-1",
-        instance_type="g5.xlarge",
-        market="on-demand",
+    ended = instance(
+        1000.0,
         state="terminated",
-        launched_at=1000.0,
-        expires_at=1000.0 + 8 * 3600,
-        host=HOST,
         hourly_usd=1.0,
         terminated_at=1000.0 + 1800,
         end_reason="linger",
@@ -621,22 +626,7 @@ def test_an_incidents_timeline_lists_the_instances_it_launched(tmp_path: Path) -
             change = RuleChange(kind, "burst-when-hot", "gpu:0", at, Reason.RESOLVED, incident)
             record.record(change, at)
     with InstanceStore.open(journal(tmp_path)) as store:
-        store.add(
-            Managed(
-                instance_id="i-0123456789abcdef0",
-                profile="burst",
-                region=REGION,
-                instance_type="g5.xlarge",
-                market="on-demand",
-                state="running",
-                launched_at=t0 + 600,
-                expires_at=t0 + 600 + 8 * 3600,
-                host=HOST,
-                incident=incident,
-                hourly_usd=1.0,
-            ),
-            t0 + 600,
-        )
+        store.add(instance(t0 + 600, incident=incident, hourly_usd=1.0), t0 + 600)
         store.ended("i-0123456789abcdef0", "terminated", t0 + 2400, "linger")
 
     shown = gpuwarden("incident", incident, "--config", path)
@@ -649,6 +639,6 @@ def test_an_incidents_timeline_lists_the_instances_it_launched(tmp_path: Path) -
 
     as_json = gpuwarden("incident", incident, "--config", path, "--json")
     assert as_json.returncode == ExitCode.OK, as_json.stderr
-    (instance,) = json.loads(as_json.stdout)["instances"]
-    assert instance["end_reason"] == "linger"
-    assert instance["age_s"] == pytest.approx(1800)
+    (shown_json,) = json.loads(as_json.stdout)["instances"]
+    assert shown_json["end_reason"] == "linger"
+    assert shown_json["age_s"] == pytest.approx(1800)
