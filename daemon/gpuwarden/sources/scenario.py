@@ -227,9 +227,7 @@ class ScenarioSource:
         previous = self._last_offset
         first = 0 if previous is None else bisect.bisect_right(self._times, previous)
         last = bisect.bisect_right(self._times, offset)
-        return [
-            (frame, self.start_time + frame.at) for frame in self.scenario.timeline[first:last]
-        ]
+        return [(frame, self.start_time + frame.at) for frame in self.scenario.timeline[first:last]]
 
     def _info(self, job: JobSpec) -> ProcessInfo:
         """A synthetic job's attribution: fixed for the scenario, so made once."""
