@@ -281,6 +281,14 @@ def test_a_burst_launches_notifies_and_is_reaped_after_linger(
     assert "cloud reap: terminated " + instance_id + " (linger)" in daemon.log()
     assert shown(daemon) == {instance_id: state(after[instance_id])}
 
+    # The on-call heard that the spend ended too: which instance, why, and what it cost.
+    bodies = [f"{d['title']}\n{d['message']}" for d in receiver.received]
+    ended = [b for b in bodies if "cloud instance(s) of burst-when-full terminated" in b]
+    assert len(ended) == 1, bodies
+    assert instance_id in ended[0]
+    assert "linger" in ended[0]
+    assert "about $" in ended[0]
+
 
 def test_a_restart_right_after_the_launch_launches_nothing_twice(
     tmp_path: Path, fresh_ec2: MotoEc2, receiver: JsonReceiver

@@ -309,3 +309,15 @@ def test_a_step_told_in_progress_has_its_outcome_told_later() -> None:
     kill_lines = [line for _, m in sent for line in m.body.splitlines() if "kill pid 4200" in line]
     assert any("in progress" in line for line in kill_lines), kill_lines
     assert any("terminated" in line for line in kill_lines), kill_lines
+
+
+def test_a_plain_note_goes_to_each_named_target_that_takes_its_severity() -> None:
+    notifier = Notifier(shipped_config(), host=HOST, descriptions={})
+    # oncall takes warning and above; chat takes everything; nobody is not a target.
+    assert notifier.tell(["oncall", "chat", "chat", "nobody"], "k", "T", "B", "info", T0) == 1
+    assert notifier.tell(["oncall"], "k2", "T2", "B2", "critical", T0) == 1
+    sent = notifier.due(T0)
+    assert [(m.target, m.title, m.kind) for m in sent] == [
+        ("chat", "T", "note"),
+        ("oncall", "T2", "note"),
+    ]

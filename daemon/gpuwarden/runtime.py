@@ -29,13 +29,47 @@ from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.safety import Rails
 from gpuwarden.sources import Source
+from gpuwarden.units import format_duration
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
+    from gpuwarden.cloud.reaper import Reaped
     from gpuwarden.cloud.service import CloudService
     from gpuwarden.metrics import Metrics
     from gpuwarden.sdnotify import SystemdNotifier
 
 log = logging.getLogger("gpuwarden.run")
+
+
+def reaped_notes(
+    cloud: CloudService, playbooks: PlaybookSet, batch: list[Reaped], now: float
+) -> list[tuple[str, list[str], list[str]]]:
+    """(rule, one line per instance, the rule's notify targets) for the instances the reaper
+    terminated, grouped by the rule that launched them."""
+    by_rule: dict[str, list[str]] = {}
+    for reaped in batch:
+        row = cloud.store.get(reaped.instance_id)
+        rule = (row.rule if row is not None else None) or "(adopted)"
+        cost = row.cost_so_far(now) if row is not None else None
+        ran = "" if row is None else f", ran {format_duration(max(0.0, now - row.launched_at))}"
+        spent = "" if cost is None else f", about ${cost:,.2f}"
+        kind = f"{row.instance_type}, " if row is not None else ""
+        by_rule.setdefault(rule, []).append(
+            f"{reaped.instance_id} ({kind}{reaped.profile}): {reaped.reason} — "
+            f"{reaped.detail}{ran}{spent}"
+        )
+    notes = []
+    for rule, lines in by_rule.items():
+        found = playbooks.rule(rule)
+        targets = [
+            target
+            for step in (found.steps if found is not None else ())
+            if step.kind == "notify"
+            for target in getattr(step.spec.params, "targets", ())
+        ]
+        notes.append((rule, lines, targets))
+    return notes
+
+
 # Undo results worth trying again later (anything else — done, gone, reused — is final).
 RETRY_UNDO = frozenset({"denied", "error"})
 
@@ -83,6 +117,7 @@ class Runtime:
         self.reloader = reloader  # a gpuwarden.reload.Reloader, when reloads are on
         self.cloud = cloud  # launches for provision steps; reconciled and reaped in rounds
         self._cloud_round: Future[None] | None = None
+        self._reaped: queue.Queue[list[Reaped]] = queue.Queue()  # from the reaper's thread
         # Clock time of the next reconcile-and-reap round: the first tick starts one, so a
         # restarted daemon adopts what carries its tags and reaps what is overdue at once.
         self._cloud_due = 0.0
@@ -180,10 +215,10 @@ class Runtime:
                 log.warning(
                     "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
                 )
+        if self.cloud is not None:
+            self._cloud_tick(now)  # before the flush: what the reaper ended goes out now
         if self.notifications is not None:
             self.notifications.flush(now)
-        if self.cloud is not None:
-            self._cloud_tick(now)
         if self.metrics is not None:
             self._observe(snapshot, time.perf_counter() - began)
         return result
@@ -193,6 +228,7 @@ class Runtime:
     def _cloud_tick(self, now: float) -> None:
         """Every ``cloud.reap_interval``: reconcile with EC2 and reap, in a worker thread (a
         slow cloud API never delays a tick), one round at a time."""
+        self._tell_reaped(now)
         if now < self._cloud_due or (self._cloud_round and not self._cloud_round.done()):
             return
         self._cloud_due = now + self.config.cloud.reap_interval
@@ -208,9 +244,32 @@ class Runtime:
         assert self.cloud is not None
         try:
             self.cloud.reconcile(self.clock.now())
-            self.cloud.reap(self.clock.now(), dry_run=self.dry_run)
+            reaped = self.cloud.reap(self.clock.now(), dry_run=self.dry_run)
+            if reaped and not self.dry_run:
+                self._reaped.put(reaped)
         except Exception:  # a cloud bug must not take the daemon down; next round tries again
             log.exception("cloud reconcile/reap failed")
+
+    def _tell_reaped(self, now: float) -> None:
+        """Tell the people a burst's rule notifies that its instances were terminated, and
+        what they cost: the launch was announced, so is the end of the spend."""
+        while True:
+            try:
+                batch = self._reaped.get_nowait()
+            except queue.Empty:
+                return
+            if self.notifications is None or self.cloud is None:
+                continue
+            for rule, lines, targets in reaped_notes(self.cloud, self.engine.playbooks, batch, now):
+                count = len(lines)
+                self.notifications.tell(
+                    targets,
+                    f"{self.host}/reaped/{rule}/{now:.3f}",
+                    f"gpuwarden on {self.host}: {count} cloud instance(s) of {rule} terminated",
+                    "\n".join(lines),
+                    "info",
+                    now,
+                )
 
     def _observe(self, snapshot: Any, seconds: float) -> None:
         assert self.metrics is not None

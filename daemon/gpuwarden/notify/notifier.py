@@ -116,6 +116,18 @@ class Notifier:
         self._extra.append(self._plain(target, "admin", key, title, body, severity, now))
         return True
 
+    def tell(
+        self, targets: Sequence[str], key: str, title: str, body: str, severity: str, now: float
+    ) -> int:
+        """A plain message (not about an open incident: the reaper's terminations) to each of
+        ``targets`` that exists and takes ``severity``; how many were queued."""
+        told = 0
+        for target in dict.fromkeys(targets):
+            if target in self.notify.targets and routing.accepts(self.notify, target, severity):
+                self._extra.append(self._plain(target, "note", key, title, body, severity, now))
+                told += 1
+        return told
+
     def test_message(self, target: str, now: float) -> Message:
         """The message ``gpuwarden notify-test TARGET`` sends (never rate-limited or held)."""
         body = f"A test message from gpuwarden on {self.host}. If you read this, {target} works."

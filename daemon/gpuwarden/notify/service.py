@@ -187,6 +187,11 @@ class Notifications:
     def ack(self, incident: str, now: float) -> bool:
         return self.notifier.ack(incident, now)
 
+    def tell(
+        self, targets: Sequence[str], key: str, title: str, body: str, severity: str, now: float
+    ) -> int:
+        return self.notifier.tell(targets, key, title, body, severity, now)
+
     def admin(self, title: str, body: str, now: float) -> None:
         self.notifier.admin(title, body, now, severity="critical")
 
