@@ -247,7 +247,8 @@ rules:
 
 
 def cloud_round(runtime: Runtime) -> Any:
-    return runtime._cloud_round
+    assert runtime.rounds is not None
+    return runtime.rounds.running
 
 
 def test_the_daemon_calls_ec2_only_when_it_has_something_to_look_after(

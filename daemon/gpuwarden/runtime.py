@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.actions import registry
 from gpuwarden.actions.base import Context, PowerControl
 from gpuwarden.clock import Clock, ScaledClock, SystemClock
+from gpuwarden.cloud.rounds import Rounds, reaped_notes
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
@@ -29,7 +30,6 @@ from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.safety import Rails
 from gpuwarden.sources import Source
-from gpuwarden.units import format_duration
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from gpuwarden.cloud.reaper import Reaped
@@ -38,36 +38,6 @@ if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from gpuwarden.sdnotify import SystemdNotifier
 
 log = logging.getLogger("gpuwarden.run")
-
-
-def reaped_notes(
-    cloud: CloudService, playbooks: PlaybookSet, batch: list[Reaped], now: float
-) -> list[tuple[str, list[str], list[str]]]:
-    """(rule, one line per instance, the rule's notify targets) for the instances the reaper
-    terminated, grouped by the rule that launched them."""
-    by_rule: dict[str, list[str]] = {}
-    for reaped in batch:
-        row = cloud.store.get(reaped.instance_id)
-        rule = (row.rule if row is not None else None) or "(adopted)"
-        cost = row.cost_so_far(now) if row is not None else None
-        ran = "" if row is None else f", ran {format_duration(max(0.0, now - row.launched_at))}"
-        spent = "" if cost is None else f", about ${cost:,.2f}"
-        kind = f"{row.instance_type}, " if row is not None else ""
-        by_rule.setdefault(rule, []).append(
-            f"{reaped.instance_id} ({kind}{reaped.profile}): {reaped.reason} — "
-            f"{reaped.detail}{ran}{spent}"
-        )
-    notes = []
-    for rule, lines in by_rule.items():
-        found = playbooks.rule(rule)
-        targets = [
-            target
-            for step in (found.steps if found is not None else ())
-            if step.kind == "notify"
-            for target in getattr(step.spec.params, "targets", ())
-        ]
-        notes.append((rule, lines, targets))
-    return notes
 
 
 # Undo results worth trying again later (anything else — done, gone, reused — is final).
@@ -116,14 +86,10 @@ class Runtime:
         self.systemd = systemd
         self.reloader = reloader  # a gpuwarden.reload.Reloader, when reloads are on
         self.cloud = cloud  # launches for provision steps; reconciled and reaped in rounds
-        self._cloud_round: Future[None] | None = None
-        self._reaped: queue.Queue[list[Reaped]] = queue.Queue()  # from the reaper's thread
-        # Clock time of the next reconcile-and-reap round: the first tick starts one, so a
-        # restarted daemon adopts what carries its tags and reaps what is overdue at once.
-        self._cloud_due = 0.0
         self.engine = Engine(playbooks, config, self_pid=self_pid)
         self.rails = Rails(config.safety, journal)
         self.pool = ThreadPoolExecutor(config.safety.workers, thread_name_prefix="gpuwarden-step")
+        self.rounds = None if cloud is None else Rounds(cloud, self.pool, self.clock)
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
@@ -226,50 +192,37 @@ class Runtime:
     # -- cloud ------------------------------------------------------------------------------
 
     def _cloud_tick(self, now: float) -> None:
-        """Every ``cloud.reap_interval``: reconcile with EC2 and reap, in a worker thread (a
-        slow cloud API never delays a tick), one round at a time."""
-        self._tell_reaped(now)
-        if now < self._cloud_due or (self._cloud_round and not self._cloud_round.done()):
-            return
-        self._cloud_due = now + self.config.cloud.reap_interval
-        assert self.cloud is not None
-        provisions = any(
-            s.kind == "provision" for r in self.engine.playbooks.rules for s in r.steps
+        assert self.rounds is not None
+        self._tell_reaped(self.rounds.reaped(), now)
+        self.rounds.tick(
+            now,
+            interval=self.config.cloud.reap_interval,
+            dry_run=self.dry_run,
+            needed=self._cloud_needed,
         )
-        if not provisions and not self.cloud.store.live():
-            return  # no rule can launch and nothing runs: no reason to call EC2 every round
-        self._cloud_round = self.pool.submit(self._cloud_sync)
 
-    def _cloud_sync(self) -> None:
+    def _cloud_needed(self) -> bool:
+        """A rule that can launch, or an instance that runs: else no round calls EC2."""
         assert self.cloud is not None
-        try:
-            self.cloud.reconcile(self.clock.now())
-            reaped = self.cloud.reap(self.clock.now(), dry_run=self.dry_run)
-            if reaped and not self.dry_run:
-                self._reaped.put(reaped)
-        except Exception:  # a cloud bug must not take the daemon down; next round tries again
-            log.exception("cloud reconcile/reap failed")
+        rules = self.engine.playbooks.rules
+        return any(s.kind == "provision" for r in rules for s in r.steps) or bool(
+            self.cloud.store.live()
+        )
 
-    def _tell_reaped(self, now: float) -> None:
+    def _tell_reaped(self, reaped: list[Reaped], now: float) -> None:
         """Tell the people a burst's rule notifies that its instances were terminated, and
         what they cost: the launch was announced, so is the end of the spend."""
-        while True:
-            try:
-                batch = self._reaped.get_nowait()
-            except queue.Empty:
-                return
-            if self.notifications is None or self.cloud is None:
-                continue
-            for rule, lines, targets in reaped_notes(self.cloud, self.engine.playbooks, batch, now):
-                count = len(lines)
-                self.notifications.tell(
-                    targets,
-                    f"{self.host}/reaped/{rule}/{now:.3f}",
-                    f"gpuwarden on {self.host}: {count} cloud instance(s) of {rule} terminated",
-                    "\n".join(lines),
-                    "info",
-                    now,
-                )
+        if not reaped or self.notifications is None or self.cloud is None:
+            return
+        for rule, lines, targets in reaped_notes(self.cloud, self.engine.playbooks, reaped, now):
+            self.notifications.tell(
+                targets,
+                f"{self.host}/reaped/{rule}/{now:.3f}",
+                f"gpuwarden on {self.host}: {len(lines)} cloud instance(s) of {rule} terminated",
+                "\n".join(lines),
+                "info",
+                now,
+            )
 
     def _observe(self, snapshot: Any, seconds: float) -> None:
         assert self.metrics is not None
@@ -522,8 +475,8 @@ class Runtime:
                 log.error("a step was still running at shutdown; its outcome is not recorded")
                 future.cancel()
         self._drain()
-        if self._cloud_round is not None:  # a reap in flight records what it terminated
-            wait([self._cloud_round], timeout=self.config.safety.shutdown_grace)
+        if self.rounds is not None:  # a reap in flight records what it terminated
+            self.rounds.wait(self.config.safety.shutdown_grace)
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.config.safety.restore_on_exit:
             for row in self.journal.pending_undos():
