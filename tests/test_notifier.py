@@ -321,3 +321,12 @@ def test_a_plain_note_goes_to_each_named_target_that_takes_its_severity() -> Non
         ("chat", "T", "note"),
         ("oncall", "T2", "note"),
     ]
+
+
+def test_a_note_can_be_routed_like_the_incident_it_follows() -> None:
+    """The end of a critical burst reaches the on-call who heard of its start, though the
+    note itself is only information."""
+    notifier = Notifier(shipped_config(), host=HOST, descriptions={})
+    assert notifier.tell(["oncall"], "k", "T", "B", "info", T0, route_as="critical") == 1
+    (sent,) = notifier.due(T0)
+    assert (sent.target, sent.severity) == ("oncall", "info")

@@ -214,7 +214,8 @@ class Runtime:
         what they cost: the launch was announced, so is the end of the spend."""
         if not reaped or self.notifications is None or self.cloud is None:
             return
-        for rule, lines, targets in reaped_notes(self.cloud, self.engine.playbooks, reaped, now):
+        notes = reaped_notes(self.cloud, self.engine.playbooks, reaped, now)
+        for rule, lines, targets, severity in notes:
             self.notifications.tell(
                 targets,
                 f"{self.host}/reaped/{rule}/{now:.3f}",
@@ -222,6 +223,7 @@ class Runtime:
                 "\n".join(lines),
                 "info",
                 now,
+                route_as=severity,  # like a resolve message: whoever heard of the launch
             )
 
     def _observe(self, snapshot: Any, seconds: float) -> None:

@@ -71,9 +71,9 @@ class Rounds:
 
 def reaped_notes(
     service: CloudService, playbooks: PlaybookSet, reaped: list[Reaped], now: float
-) -> list[tuple[str, list[str], list[str]]]:
-    """(rule, one line per instance, the rule's notify targets) for the instances the reaper
-    terminated, grouped by the rule that launched them."""
+) -> list[tuple[str, list[str], list[str], str]]:
+    """(rule, one line per instance, the rule's notify targets, the rule's severity) for the
+    instances the reaper terminated, grouped by the rule that launched them."""
     by_rule: dict[str, list[str]] = {}
     for one in reaped:
         row = service.store.get(one.instance_id)
@@ -87,7 +87,7 @@ def reaped_notes(
         by_rule.setdefault(rule, []).append(
             f"{one.instance_id} ({what}{one.profile}): {one.reason} — {one.detail}{ran}{spent}"
         )
-    notes = []
+    notes: list[tuple[str, list[str], list[str], str]] = []
     for rule, lines in by_rule.items():
         found = playbooks.rule(rule)
         targets = [
@@ -96,5 +96,6 @@ def reaped_notes(
             if step.kind == "notify"
             for target in getattr(step.spec.params, "targets", ())
         ]
-        notes.append((rule, lines, targets))
+        severity = str(found.spec.severity) if found is not None else "info"
+        notes.append((rule, lines, targets, severity))
     return notes

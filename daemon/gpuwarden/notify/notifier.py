@@ -117,13 +117,24 @@ class Notifier:
         return True
 
     def tell(
-        self, targets: Sequence[str], key: str, title: str, body: str, severity: str, now: float
+        self,
+        targets: Sequence[str],
+        key: str,
+        title: str,
+        body: str,
+        severity: str,
+        now: float,
+        *,
+        route_as: str | None = None,
     ) -> int:
         """A plain message (not about an open incident: the reaper's terminations) to each of
-        ``targets`` that exists and takes ``severity``; how many were queued."""
+        ``targets`` that exists and takes ``route_as`` (default: ``severity``) — like a
+        resolve message, a follow-up reaches whoever heard of the incident; how many were
+        queued."""
         told = 0
+        routed = route_as or severity
         for target in dict.fromkeys(targets):
-            if target in self.notify.targets and routing.accepts(self.notify, target, severity):
+            if target in self.notify.targets and routing.accepts(self.notify, target, routed):
                 self._extra.append(self._plain(target, "note", key, title, body, severity, now))
                 told += 1
         return told

@@ -188,9 +188,17 @@ class Notifications:
         return self.notifier.ack(incident, now)
 
     def tell(
-        self, targets: Sequence[str], key: str, title: str, body: str, severity: str, now: float
+        self,
+        targets: Sequence[str],
+        key: str,
+        title: str,
+        body: str,
+        severity: str,
+        now: float,
+        *,
+        route_as: str | None = None,
     ) -> int:
-        return self.notifier.tell(targets, key, title, body, severity, now)
+        return self.notifier.tell(targets, key, title, body, severity, now, route_as=route_as)
 
     def admin(self, title: str, body: str, now: float) -> None:
         self.notifier.admin(title, body, now, severity="critical")
