@@ -66,15 +66,19 @@ class CloudService:
             self.cloud = cloud
             self._clients.clear()
 
-    def described(self, name: str, **filters: Any) -> list[Seen]:
+    def described(
+        self, name: str, *, sleep: Callable[[float], bool] = _pause, **filters: Any
+    ) -> list[Seen]:
         """This host's instances as EC2 describes them, through the named profile's client
         (``Ec2.managed`` filters), retried with backoff while EC2 throttles."""
-        return self.retrying(partial(self.client(name).managed, host=self.host, **filters))
+        call = partial(self.client(name).managed, host=self.host, **filters)
+        return self.retrying(call, sleep=sleep)
 
-    def retrying(self, call: Callable[[], T]) -> T:
-        """``call()``, retried with backoff while EC2 throttles (reconcile and reap rounds run
-        in a worker thread or the CLI: they may sleep)."""
-        return ec2.with_backoff(call, sleep=_pause)
+    def retrying(self, call: Callable[[], T], *, sleep: Callable[[float], bool] = _pause) -> T:
+        """``call()``, retried with backoff while EC2 throttles. ``sleep``: how to wait (a
+        step waits on its context, which a stopping daemon cancels; reconcile and reap rounds
+        run in a worker thread or the CLI and simply sleep)."""
+        return ec2.with_backoff(call, sleep=sleep)
 
     def client(self, name: str) -> Ec2:
         with self._lock:
@@ -127,16 +131,11 @@ class CloudService:
         now: float,
         waiter: Waiter,
     ) -> Outcome:
-        def backoff(call: Callable[[], T]) -> T:
-            return ec2.with_backoff(call, sleep=waiter.wait)
-
         # 1. What this step launched already: the journal, then EC2 by tag. Incident ids
         # name a rule, a scope and a second, not a host: another host's incident of the same
         # id is not this one.
         mine = [m for m in self.store.for_step(intent.incident, intent.step) if m.live]
-        seen = backoff(
-            lambda: client.managed(host=self.host, incident=intent.incident, step=intent.step)
-        )
+        seen = self.described(name, sleep=waiter.wait, incident=intent.incident, step=intent.step)
         already = plan.merge(mine, [self.from_seen(s, name, profile, now) for s in seen])
         already = [m for m in already if m.live]
         if already and not dry_run:
@@ -156,7 +155,7 @@ class CloudService:
             self.store.live(name),
             [
                 self.from_seen(s, name, profile, now)
-                for s in backoff(lambda: client.managed(host=self.host, profile=name))
+                for s in self.described(name, sleep=waiter.wait, profile=name)
             ],
         )
         owned = [m for m in owned if m.live]
@@ -181,7 +180,9 @@ class CloudService:
             expires_at = intent.time + profile.ttl
             request = self._request(intent, name, profile, attempt, room.count, expires_at)
             try:
-                got = backoff(partial(client.launch, request, dry_run=dry_run))
+                got = self.retrying(
+                    partial(client.launch, request, dry_run=dry_run), sleep=waiter.wait
+                )
             except CloudError as exc:
                 if exc.kind == "capacity":
                     why.append(f"{attempt.instance_type} in {where}: {exc.code}")
