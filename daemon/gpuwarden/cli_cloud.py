@@ -246,7 +246,7 @@ def _reap(args: argparse.Namespace, cfg: config.Config) -> int:
         report = service.reconcile(now)
         logger.addHandler(errors)
         try:
-            reaped = service.reap(now, dry_run=args.dry_run)
+            reaped = service.reap(now, dry_run=args.dry_run, seen=report)
         finally:
             logger.removeHandler(errors)
     for line in report.lines():

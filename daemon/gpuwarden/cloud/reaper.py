@@ -12,14 +12,14 @@ terminated again. The daemon runs both every ``cloud.reap_interval`` in a worker
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
 from gpuwarden.cloud import plan, tags
 from gpuwarden.cloud.ec2 import CloudError, Seen
-from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES, Managed
+from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES
 from gpuwarden.config import CloudProfile
 
 if TYPE_CHECKING:
@@ -48,6 +48,9 @@ class Reconciled:
     gone: list[str] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)  # our tags, a profile not configured
     errors: list[str] = field(default_factory=list)
+    # What EC2 reported under this host's tags, by profile asked (id -> instance): the
+    # reaper of the same round confirms ownership against it instead of asking again.
+    seen: dict[str, dict[str, Seen]] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         return (
@@ -74,6 +77,7 @@ def reconcile(service: CloudService, now: float) -> Reconciled:
             report.errors.append(f"{name}: {exc}")
             continue
         asked.add(name)
+        report.seen[name] = {s.instance_id: s for s in described}
         for seen in described:
             seen_ids.add(seen.instance_id)
             tagged = seen.tags.get(tags.PROFILE, name)
@@ -122,9 +126,16 @@ def _reconcile_one(
     report.updated.append(f"{seen.instance_id} {known.state} -> {seen.state}")
 
 
-def reap(service: CloudService, now: float, *, dry_run: bool) -> list[Reaped]:
+def reap(
+    service: CloudService,
+    now: float,
+    *,
+    dry_run: bool,
+    seen: Mapping[str, Mapping[str, Seen]] | None = None,
+) -> list[Reaped]:
     """Terminate what has lingered long enough after its incident, and anything past its
-    ttl. Each instance is confirmed as ours by its tags in EC2 just before."""
+    ttl. Each instance is confirmed as ours by its tags in EC2 just before: in ``seen`` (the
+    same round's reconcile, by profile), or by asking EC2."""
     live = service.store.live()
     incidents = {m.incident for m in live if m.incident}
     resolved = service.store.resolved_at(incidents)
@@ -144,23 +155,23 @@ def reap(service: CloudService, now: float, *, dry_run: bool) -> list[Reaped]:
                     name,
                 )
             continue
-        results += _reap_batch(service, name, batch, by_id, now, dry_run)
+        view = None if seen is None else seen.get(name)
+        results += _reap_batch(service, name, batch, now, dry_run, view)
     return results
 
 
 def _reap_batch(
     service: CloudService,
     name: str,
-    batch: Iterable[plan.ReapDecision],
-    by_id: dict[str, Managed],
+    decisions: Iterable[plan.ReapDecision],
     now: float,
     dry_run: bool,
+    ours: Mapping[str, Seen] | None,
 ) -> list[Reaped]:
-    decisions = list(batch)
     try:
-        ours = {
-            s.instance_id: s for s in service.described(name, states=LIVE_STATES + ENDED_STATES)
-        }
+        if ours is None:
+            described = service.described(name, states=LIVE_STATES + ENDED_STATES)
+            ours = {s.instance_id: s for s in described}
         client = service.client(name)
     except CloudError as exc:
         log.error("cloud reap: %s: %s; tried again at the next round", name, exc)

@@ -47,8 +47,8 @@ class Rounds:
 
     def _round(self, dry_run: bool) -> None:
         try:
-            self.service.reconcile(self.clock.now())
-            reaped = self.service.reap(self.clock.now(), dry_run=dry_run)
+            report = self.service.reconcile(self.clock.now())
+            reaped = self.service.reap(self.clock.now(), dry_run=dry_run, seen=report)
             if reaped and not dry_run:
                 self._reaped.put(reaped)
         except Exception:  # a cloud bug must not take the daemon down; next round tries again

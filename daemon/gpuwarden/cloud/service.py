@@ -364,9 +364,10 @@ class CloudService:
         """Bring the journal in line with EC2 (adopt, update, mark gone); terminates nothing."""
         return reaper.reconcile(self, now)
 
-    def reap(self, now: float, *, dry_run: bool) -> list[Reaped]:
-        """Terminate what lingered long enough after its incident, and anything past its ttl."""
-        return reaper.reap(self, now, dry_run=dry_run)
+    def reap(self, now: float, *, dry_run: bool, seen: Reconciled | None = None) -> list[Reaped]:
+        """Terminate what lingered long enough after its incident, and anything past its ttl.
+        ``seen``: the same round's reconcile, whose view of EC2 confirms ownership."""
+        return reaper.reap(self, now, dry_run=dry_run, seen=None if seen is None else seen.seen)
 
     # -- views ----------------------------------------------------------------------------------
 
