@@ -4,10 +4,7 @@ codes, what lands on stdout and what on stderr."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -15,6 +12,7 @@ import pytest
 import yaml
 
 from gpuwarden import config
+from tests.cli_runner import gpuwarden
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yaml"))
@@ -34,21 +32,6 @@ NO_CONFIG_NOTE = (
     f"{config.DEFAULT_PATH}): there are no notification targets or cloud profiles, and the "
     "priority classes are the built-in ones"
 )
-
-
-def gpuwarden(
-    *args: str | Path, cwd: Path = ROOT, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if k != "GPUWARDEN_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwarden", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**environment, "NO_COLOR": "1", **(env or {})},
-        check=False,
-    )
 
 
 def position(path: Path, needle: str, *, after: str = "") -> str:

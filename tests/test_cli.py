@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,23 +11,12 @@ import jsonschema
 import pytest
 
 from gpuwarden.errors import ExitCode
+from tests.cli_runner import gpuwarden
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 CSV_LOGS = sorted((ROOT / "scenarios").glob("*.csv"))
 SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
-
-
-def gpuwarden(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None):
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwarden", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "NO_COLOR": "1", **(env or {})},
-        check=False,
-    )
 
 
 def test_every_shipped_scenario_and_log_is_covered() -> None:

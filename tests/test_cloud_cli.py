@@ -22,6 +22,7 @@ from gpuwarden.cloud.service import CloudService
 from gpuwarden.cloud.store import InstanceStore
 from gpuwarden.errors import ExitCode
 from gpuwarden.model import Intent, Reason
+from tests.cli_runner import gpuwarden as run_gpuwarden
 from tests.cloud_server import (  # noqa: F401
     KEY,
     REGION,
@@ -40,16 +41,7 @@ PRICES = {"g5.xlarge": 1.006, "g5.2xlarge": 1.212}
 def gpuwarden(
     *args: str | Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if k != "GPUWARDEN_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwarden", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**environment, "NO_COLOR": "1", **(env or {})},
-        check=False,
-    )
+    return run_gpuwarden(*args, env=env, timeout=120)
 
 
 def profile(endpoint: str, ami: str = "ami-0123456789abcdef0", **overrides: Any) -> dict[str, Any]:

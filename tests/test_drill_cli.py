@@ -6,26 +6,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from gpuwarden.errors import ExitCode
+from tests.cli_runner import gpuwarden as run_gpuwarden
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "scenarios/memory-pressure-low-priority.yaml"
 
 
 def gpuwarden(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "GPUWARDEN_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwarden", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_gpuwarden(*args, cwd=cwd, timeout=120)
 
 
 def test_memory_pressure_drill_json_shows_the_whole_ladder() -> None:
