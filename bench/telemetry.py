@@ -11,12 +11,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from gpuwarden.cli.status_view import render_table, snapshot_dict
 from gpuwarden.config import Priorities
 from gpuwarden.model import Snapshot
 from gpuwarden.sources.procs import Attributor
 from gpuwarden.sources.scenario import ScenarioSource
 from gpuwarden.sources.smi_csv import SmiCsvSource
-from gpuwarden.status import render_table, snapshot_dict
 from run import ROOT, banner, header, measure
 
 ATTRIBUTED = 64  # real processes, as many as a busy 8-GPU node runs

@@ -591,7 +591,7 @@ def test_drill_cloud_needs_a_profile(tmp_path: Path) -> None:
 
 
 def test_an_ended_instance_is_as_old_as_it_lived() -> None:
-    from gpuwarden.cli_cloud import instance_json
+    from gpuwarden.cli.cloud import instance_json
 
     ended = instance(
         1000.0,
@@ -607,7 +607,7 @@ def test_an_ended_instance_is_as_old_as_it_lived() -> None:
 
 
 def test_an_incidents_timeline_lists_the_instances_it_launched(tmp_path: Path) -> None:
-    from gpuwarden.journal import Journal
+    from gpuwarden.journal.journal import Journal
     from gpuwarden.model import RuleChange, Transition
 
     path = write_config(tmp_path, {"burst": profile(UNREACHABLE)})

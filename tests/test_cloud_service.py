@@ -22,13 +22,13 @@ from botocore.stub import Stubber
 
 from gpuwarden.actions.base import Context
 from gpuwarden.clock import SimClock
-from gpuwarden.cloud import ec2, tags
+from gpuwarden.cloud import ec2, reaper, tags
 from gpuwarden.cloud.ec2 import Ec2
 from gpuwarden.cloud.instance import GONE, Managed
 from gpuwarden.cloud.service import CloudService
 from gpuwarden.cloud.store import InstanceStore
 from gpuwarden.config import Cloud, CloudProfile
-from gpuwarden.journal import Journal
+from gpuwarden.journal.journal import Journal
 from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Transition
 from gpuwarden.playbook.schema import ProvisionParams
 from tests.cloud_server import (  # noqa: F401
@@ -424,13 +424,13 @@ def test_the_reaper_waits_for_linger_after_the_incident_resolved(rig: Rig) -> No
     instance_id = _launched(rig, service)
     incident_opens(rig.path, INCIDENT, t0)
 
-    assert service.reap(t0 + 4 * HOUR, dry_run=False) == []  # open: kept however long
+    assert reaper.reap(service, t0 + 4 * HOUR, dry_run=False) == []  # open: kept however long
     incident_opens(rig.path, INCIDENT, t0, resolved=t0 + 4 * HOUR)
-    assert service.reap(t0 + 4 * HOUR + LINGER - 1, dry_run=False) == []
+    assert reaper.reap(service, t0 + 4 * HOUR + LINGER - 1, dry_run=False) == []
     assert state_of(rig.server, instance_id) in LIVE
     assert rig.called("TerminateInstances") == []
 
-    [reaped] = service.reap(t0 + 4 * HOUR + LINGER, dry_run=False)
+    [reaped] = reaper.reap(service, t0 + 4 * HOUR + LINGER, dry_run=False)
 
     assert (reaped.instance_id, reaped.profile, reaped.reason) == (instance_id, "burst", "linger")
     assert reaped.state in {"shutting-down", "terminated"}
@@ -439,7 +439,7 @@ def test_the_reaper_waits_for_linger_after_the_incident_resolved(rig: Rig) -> No
     assert row is not None
     assert not row.live
     assert (row.end_reason, row.terminated_at) == ("linger", t0 + 4 * HOUR + LINGER)
-    assert service.reap(t0 + 5 * HOUR, dry_run=False) == []  # once
+    assert reaper.reap(service, t0 + 5 * HOUR, dry_run=False) == []  # once
 
 
 def test_ttl_reaps_with_no_incident_resolved(rig: Rig) -> None:
@@ -448,8 +448,8 @@ def test_ttl_reaps_with_no_incident_resolved(rig: Rig) -> None:
     instance_id = _launched(rig, service)
     incident_opens(rig.path, INCIDENT, t0)
 
-    assert service.reap(t0 + TTL - 1, dry_run=False) == []
-    [reaped] = service.reap(t0 + TTL, dry_run=False)
+    assert reaper.reap(service, t0 + TTL - 1, dry_run=False) == []
+    [reaped] = reaper.reap(service, t0 + TTL, dry_run=False)
 
     assert (reaped.instance_id, reaped.reason) == (instance_id, "ttl")
     assert state_of(rig.server, instance_id) in {"shutting-down", "terminated"}
@@ -462,7 +462,7 @@ def test_a_dry_run_reap_terminates_nothing(rig: Rig) -> None:
     service = rig.service()
     instance_id = _launched(rig, service)
 
-    [would] = service.reap(rig.clock.now() + TTL, dry_run=True)
+    [would] = reaper.reap(service, rig.clock.now() + TTL, dry_run=True)
 
     assert (would.instance_id, would.reason, would.state) == (instance_id, "ttl", "would")
     [call] = rig.called("TerminateInstances")
@@ -478,7 +478,7 @@ def test_an_instance_terminated_behind_our_back_is_marked_ended_not_terminated_a
     instance_id = _launched(rig, service)
     rig.server.client().terminate_instances(InstanceIds=[instance_id])
 
-    assert service.reap(rig.clock.now() + TTL, dry_run=False) == []
+    assert reaper.reap(service, rig.clock.now() + TTL, dry_run=False) == []
 
     assert rig.called("TerminateInstances") == []
     row = service.store.get(instance_id)
@@ -496,7 +496,7 @@ def test_a_restart_adopts_this_hosts_instances_and_reaps_them_past_their_expiry(
     instance_id = _launched(rig, rig.service())
     restarted = rig.service(path=_fresh_file(rig))
 
-    report = restarted.reconcile(t0 + HOUR)
+    report = reaper.reconcile(restarted, t0 + HOUR)
 
     assert [line.split()[0] for line in report.adopted] == [instance_id]
     assert report.gone == report.foreign == report.errors == []
@@ -507,10 +507,10 @@ def test_a_restart_adopts_this_hosts_instances_and_reaps_them_past_their_expiry(
     assert (row.incident, row.rule, row.step, row.host) == (INCIDENT, "mem", 2, HOST)
     assert row.expires_at == t0 + TTL  # from the tag, on gpuwarden's clock
     assert row.hourly_usd == 1.006
-    assert restarted.reconcile(t0 + HOUR).lines() == []  # adopted once
+    assert reaper.reconcile(restarted, t0 + HOUR).lines() == []  # adopted once
 
-    assert restarted.reap(t0 + TTL - 1, dry_run=False) == []
-    [reaped] = restarted.reap(t0 + TTL, dry_run=False)
+    assert reaper.reap(restarted, t0 + TTL - 1, dry_run=False) == []
+    [reaped] = reaper.reap(restarted, t0 + TTL, dry_run=False)
     assert (reaped.instance_id, reaped.reason) == (instance_id, "ttl")
     assert state_of(rig.server, instance_id) in {"shutting-down", "terminated"}
 
@@ -533,7 +533,7 @@ def test_journal_rows_ec2_does_not_know_are_marked_gone(rig: Rig) -> None:
     )
     service.store.add(ghost, t0 - HOUR)
 
-    report = service.reconcile(t0)
+    report = reaper.reconcile(service, t0)
 
     assert report.gone == [f"{ghost.instance_id} (burst)"]
     row = service.store.get(ghost.instance_id)
@@ -547,7 +547,7 @@ def test_reconcile_follows_an_instance_ended_outside(rig: Rig) -> None:
     instance_id = _launched(rig, service)
     rig.server.client().terminate_instances(InstanceIds=[instance_id])
 
-    report = service.reconcile(rig.clock.now() + 60)
+    report = reaper.reconcile(service, rig.clock.now() + 60)
 
     assert [line.split()[0] for line in report.updated] == [instance_id]
     row = service.store.get(instance_id)
@@ -555,7 +555,7 @@ def test_reconcile_follows_an_instance_ended_outside(rig: Rig) -> None:
     assert not row.live
     assert row.end_reason == "external"
     service.store.ended(instance_id, "shutting-down", rig.clock.now(), "external")
-    service.reconcile(rig.clock.now() + 120)  # EC2 says terminated by now
+    reaper.reconcile(service, rig.clock.now() + 120)  # EC2 says terminated by now
     row = service.store.get(instance_id)
     assert row is not None
     assert row.state == state_of(rig.server, instance_id)
@@ -565,8 +565,8 @@ def test_another_hosts_instances_are_never_touched(rig: Rig) -> None:
     theirs = _launched(rig, rig.service(host="gpu-b", path=rig.tmp / "b.db"))
     ours = rig.service()
 
-    report = ours.reconcile(rig.clock.now())
-    reaped = ours.reap(rig.clock.now() + 10 * TTL, dry_run=False)
+    report = reaper.reconcile(ours, rig.clock.now())
+    reaped = reaper.reap(ours, rig.clock.now() + 10 * TTL, dry_run=False)
 
     assert report.lines() == []
     assert reaped == []
@@ -583,12 +583,12 @@ def test_a_profile_no_longer_configured_is_reported(rig: Rig) -> None:
     [instance_id] = ids(in_ec2(rig.server))
     after = rig.service({"burst": profile(rig.server)}, path=_fresh_file(rig))
 
-    report = after.reconcile(rig.clock.now())
+    report = reaper.reconcile(after, rig.clock.now())
 
     assert report.foreign == [f"{instance_id} (profile old)"]
     assert report.adopted == []
     assert after.store.all() == []
-    assert after.reap(rig.clock.now() + 10 * TTL, dry_run=False) == []
+    assert reaper.reap(after, rig.clock.now() + 10 * TTL, dry_run=False) == []
     assert state_of(rig.server, instance_id) in LIVE
 
 
@@ -600,7 +600,7 @@ def test_two_profiles_in_one_region_each_adopt_their_own(rig: Rig) -> None:
     launched = {m.instance_id: m.profile for m in before.store.all()}
     restarted = rig.service(both, path=_fresh_file(rig))
 
-    report = restarted.reconcile(rig.clock.now())
+    report = reaper.reconcile(restarted, rig.clock.now())
 
     assert len(report.adopted) == 2, report.lines()
     assert {m.instance_id: m.profile for m in restarted.store.all()} == launched
@@ -856,7 +856,7 @@ def test_a_terminate_answer_without_a_state_is_recorded_as_shutting_down(stub: S
         {"InstanceIds": ["i-0e"], "DryRun": False},
     )
 
-    [reaped] = service.reap(t0 + TTL, dry_run=False)
+    [reaped] = reaper.reap(service, t0 + TTL, dry_run=False)
 
     assert (reaped.instance_id, reaped.reason, reaped.state) == ("i-0e", "ttl", "shutting-down")
     ended = service.store.get("i-0e")
@@ -900,7 +900,7 @@ def test_a_reconcile_round_rides_out_throttling(stub: Stubbed) -> None:
         },
     )
 
-    report = service.reconcile(stub.clock.now())
+    report = reaper.reconcile(service, stub.clock.now())
 
     assert report.errors == []
     assert report.adopted == ["i-0f (g5.xlarge, running)"]

@@ -14,8 +14,8 @@ import pytest
 
 from gpuwarden.cloud.instance import GONE, Managed
 from gpuwarden.cloud.store import InstanceStore
-from gpuwarden.journal import Journal, JournalError
-from gpuwarden.journal_schema import MIGRATIONS
+from gpuwarden.journal.journal import Journal, JournalError
+from gpuwarden.journal.schema import MIGRATIONS
 from gpuwarden.model import Reason, RuleChange, Transition
 
 T0 = 1_780_000_000.0

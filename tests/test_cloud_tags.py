@@ -27,7 +27,7 @@ def profile(**fields: object) -> CloudProfile:
 def tags_for(p: CloudProfile, incident: str = "20261130T075900-gpu-hot-gpu0") -> dict[str, str]:
     return tags.instance_tags(
         profile_name="burst",
-        profile=p,
+        profile_tags=p.tags,
         incident=incident,
         rule="gpu-hot",
         host="node7",

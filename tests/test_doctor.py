@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import doctor
+from gpuwarden.cli import doctor
+from gpuwarden.cli.doctor import Finding
 from gpuwarden.config import CloudProfile, Config
-from gpuwarden.doctor import Finding
 
 PLAYBOOK = """\
 rules:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.errors import ExitCode, UsageError
-from gpuwarden.journal import Journal, JournalError
-from gpuwarden.journal_records import REDACTED, redact, redact_text
-from gpuwarden.journal_schema import MIGRATIONS, Migration, ddl
+from gpuwarden.journal.journal import Journal, JournalError
+from gpuwarden.journal.records import REDACTED, redact, redact_text
+from gpuwarden.journal.schema import MIGRATIONS, Migration, ddl
 from gpuwarden.model import (
     Intent,
     Outcome,
@@ -264,7 +264,7 @@ def test_resolved_incidents_are_not_resumed(journal: Journal) -> None:
 CHILD = """
 import sys, time
 from pathlib import Path
-from gpuwarden.journal import Journal
+from gpuwarden.journal.journal import Journal
 from gpuwarden.model import Intent, Reason, RuleChange, Target, Transition
 j = Journal(Path(sys.argv[1]))
 t = Target(4242, 1.5, 0, "bob", "low", 100)

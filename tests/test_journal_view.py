@@ -11,8 +11,8 @@ import pytest
 
 from gpuwarden import config
 from gpuwarden.engine.engine import Engine
-from gpuwarden.journal import IncidentRow, Journal
-from gpuwarden.journal_view import (
+from gpuwarden.journal.journal import IncidentRow, Journal
+from gpuwarden.journal.view import (
     from_firing,
     incidents_json,
     render_incidents,

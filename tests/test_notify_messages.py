@@ -18,11 +18,10 @@ from gpuwarden.notify.messages import (
     escape,
     gpu_facts,
     message_id,
-    placeholders,
-    render,
     rule_title,
     where_list,
 )
+from gpuwarden.playbook.templates import placeholders, render
 
 UTC = datetime.UTC
 T0 = datetime.datetime(2026, 3, 14, 3, 0, tzinfo=UTC).timestamp()

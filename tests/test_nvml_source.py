@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.cli.status_view import event_dict
 from gpuwarden.errors import ExitCode, SourceUnavailable
 from gpuwarden.model import (
     Ecc,
@@ -23,7 +24,6 @@ from gpuwarden.model import (
     Snapshot,
 )
 from gpuwarden.sources.nvml import NvmlSource
-from gpuwarden.status import event_dict
 from tests.fake_nvml import (
     DRIVER_NOT_LOADED,
     EVENT_DOUBLE_BIT_ECC,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.journal import Journal
-from gpuwarden.journal_schema import MIGRATIONS
+from gpuwarden.journal.journal import Journal
+from gpuwarden.journal.schema import MIGRATIONS
 from gpuwarden.notify.messages import Message
 from gpuwarden.notify.outbox import Outbox
 
@@ -85,7 +85,7 @@ def test_due_claim_and_marks(path: Path) -> None:
 
 
 def test_marking_an_unknown_message_is_an_error(path: Path) -> None:
-    from gpuwarden.journal_schema import JournalError
+    from gpuwarden.journal.schema import JournalError
 
     with Outbox(path) as outbox, pytest.raises(JournalError, match="no outbox message"):
         outbox.mark_sent(("nope", "oncall"), T0)

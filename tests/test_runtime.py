@@ -12,7 +12,7 @@ from gpuwarden import config as config_mod
 from gpuwarden import drill
 from gpuwarden.clock import ScaledClock
 from gpuwarden.config import Config
-from gpuwarden.journal import Journal
+from gpuwarden.journal.journal import Journal
 from gpuwarden.playbook import loader
 from gpuwarden.runtime import Runtime
 from gpuwarden.sources.procs import Attributor

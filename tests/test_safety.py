@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.config import Limit, Safety
-from gpuwarden.journal import Journal
+from gpuwarden.journal.journal import Journal
 from gpuwarden.model import Intent, Reason, Target
 from gpuwarden.safety import Rails
 

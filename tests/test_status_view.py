@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from gpuwarden.cli.status_view import render_table, snapshot_dict
 from gpuwarden.model import (
     Ecc,
     Event,
@@ -15,7 +16,7 @@ from gpuwarden.model import (
     RemappedRows,
     Snapshot,
 )
-from gpuwarden.status import render_table, safe_text, snapshot_dict
+from gpuwarden.text import safe_text
 
 NOW = 1_767_225_600.0
 

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpuwarden.playbook.timewindow import (
+from gpuwarden.timewindow import (
     ActiveWindows,
     Schedule,
     WindowError,

@@ -1,3 +1,3 @@
-from gpuwarden.cli import main
+from gpuwarden.cli.main import main
 
 raise SystemExit(main())

@@ -29,7 +29,7 @@ from pydantic import (
 
 from gpuwarden import yamlfile
 from gpuwarden.cloud import tags as cloud_tags
-from gpuwarden.playbook.timewindow import parse_active
+from gpuwarden.timewindow import parse_active
 from gpuwarden.units import parse_duration
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.yaml")

@@ -6,7 +6,8 @@ state changes, and marks rows EC2 no longer knows as gone. ``reap`` terminates w
 long enough after its incident resolved and anything past its ttl; each instance is confirmed
 as ours by its tags in EC2 just before, and one that ended behind our back is recorded, not
 terminated again. The daemon runs both every ``cloud.reap_interval`` in a worker thread;
-``gpuwarden cloud reap`` runs them at once.
+``gpuwarden cloud reap`` runs them at once. Both take the ``CloudService`` whose clients,
+lock and store they use; the service itself knows nothing of them.
 """
 
 from __future__ import annotations
@@ -15,15 +16,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
 
 from gpuwarden.cloud import plan, tags
 from gpuwarden.cloud.ec2 import CloudError, Seen
 from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES
+from gpuwarden.cloud.service import CloudService
 from gpuwarden.config import CloudProfile
-
-if TYPE_CHECKING:
-    from gpuwarden.cloud.service import CloudService
 
 log = logging.getLogger("gpuwarden.cloud")
 
@@ -131,11 +129,11 @@ def reap(
     now: float,
     *,
     dry_run: bool,
-    seen: Mapping[str, Mapping[str, Seen]] | None = None,
+    seen: Reconciled | None = None,
 ) -> list[Reaped]:
     """Terminate what has lingered long enough after its incident, and anything past its
     ttl. Each instance is confirmed as ours by its tags in EC2 just before: in ``seen`` (the
-    same round's reconcile, by profile), or by asking EC2."""
+    same round's reconcile, whose view of EC2 is kept by profile), or by asking EC2."""
     live = service.store.live()
     incidents = {m.incident for m in live if m.incident}
     resolved = service.store.resolved_at(incidents)
@@ -155,7 +153,7 @@ def reap(
                     name,
                 )
             continue
-        view = None if seen is None else seen.get(name)
+        view = None if seen is None else seen.seen.get(name)
         results += _reap_batch(service, name, batch, now, dry_run, view)
     return results
 

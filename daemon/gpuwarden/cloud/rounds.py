@@ -11,11 +11,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, wait
 from typing import TYPE_CHECKING
 
+from gpuwarden.cloud import reaper
+from gpuwarden.cloud.reaper import Reaped
 from gpuwarden.units import format_duration
 
 if TYPE_CHECKING:
     from gpuwarden.clock import Clock
-    from gpuwarden.cloud.reaper import Reaped
     from gpuwarden.cloud.service import CloudService
     from gpuwarden.playbook.loader import PlaybookSet
 
@@ -47,8 +48,8 @@ class Rounds:
 
     def _round(self, dry_run: bool) -> None:
         try:
-            report = self.service.reconcile(self.clock.now())
-            reaped = self.service.reap(self.clock.now(), dry_run=dry_run, seen=report)
+            report = reaper.reconcile(self.service, self.clock.now())
+            reaped = reaper.reap(self.service, self.clock.now(), dry_run=dry_run, seen=report)
             if reaped and not dry_run:
                 self._reaped.put(reaped)
         except Exception:  # a cloud bug must not take the daemon down; next round tries again

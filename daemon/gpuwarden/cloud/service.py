@@ -22,10 +22,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 from gpuwarden.actions.base import Waiter
-from gpuwarden.cloud import ec2, plan, reaper, tags
+from gpuwarden.cloud import ec2, plan, tags
 from gpuwarden.cloud.ec2 import CloudError, Ec2, LaunchRequest, Seen
 from gpuwarden.cloud.instance import ENDED_STATES, LIVE_STATES, Managed
-from gpuwarden.cloud.reaper import Reaped, Reconciled
 from gpuwarden.cloud.store import InstanceStore
 from gpuwarden.config import Cloud, CloudProfile
 from gpuwarden.model import Intent, Outcome
@@ -318,7 +317,7 @@ class CloudService:
             ),
             tags=tags.instance_tags(
                 profile_name=name,
-                profile=profile,
+                profile_tags=profile.tags,
                 incident=intent.incident,
                 rule=intent.rule,
                 host=self.host,
@@ -357,17 +356,6 @@ class CloudService:
             hourly_usd=plan.price(profile, seen.instance_type),
             adopted=True,
         )
-
-    # -- reconciling and reaping (gpuwarden.cloud.reaper) ----------------------------------------
-
-    def reconcile(self, now: float) -> Reconciled:
-        """Bring the journal in line with EC2 (adopt, update, mark gone); terminates nothing."""
-        return reaper.reconcile(self, now)
-
-    def reap(self, now: float, *, dry_run: bool, seen: Reconciled | None = None) -> list[Reaped]:
-        """Terminate what lingered long enough after its incident, and anything past its ttl.
-        ``seen``: the same round's reconcile, whose view of EC2 confirms ownership."""
-        return reaper.reap(self, now, dry_run=dry_run, seen=None if seen is None else seen.seen)
 
     # -- views ----------------------------------------------------------------------------------
 

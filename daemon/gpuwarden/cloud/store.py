@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES, Managed
-from gpuwarden.journal_schema import (
+from gpuwarden.journal.schema import (
     JournalError,
     connect,
     errors,

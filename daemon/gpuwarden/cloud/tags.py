@@ -9,7 +9,8 @@ The user-data template of a profile may name only gpuwarden's own identifiers (`
 ``${rule}``, ``${host}``, ``${profile}``, ``${instance_type}``, ``${expires}``); ``$$`` is a
 literal dollar. Anything else with a ``$`` is refused when the config is loaded.
 
-Pure: no I/O, no clock, no boto3 (``gpuwarden.config`` imports this module).
+Pure: no I/O, no clock, no boto3, and no import of ``gpuwarden.config``, which imports
+this module to validate profiles.
 """
 
 from __future__ import annotations
@@ -20,10 +21,6 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gpuwarden.config import CloudProfile
 
 PREFIX = "gpuwarden:"
 MANAGED = "gpuwarden:managed"  # value "true"
@@ -136,7 +133,7 @@ def room_problem(profile_tags: Mapping[str, str]) -> str | None:
 def instance_tags(
     *,
     profile_name: str,
-    profile: CloudProfile,
+    profile_tags: Mapping[str, str],
     incident: str,
     rule: str,
     host: str,
@@ -147,7 +144,7 @@ def instance_tags(
     gpuwarden's own, which always win; ``Name`` is ``gpuwarden-<incident>`` unless the
     profile sets one."""
     tags = {NAME: f"gpuwarden-{incident}"}
-    tags.update(profile.tags)
+    tags.update(profile_tags)
     tags.update(
         {
             MANAGED: "true",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.model import Intent, RuleChange
-from gpuwarden.playbook.timewindow import Schedule
+from gpuwarden.timewindow import Schedule
 
 
 @dataclass

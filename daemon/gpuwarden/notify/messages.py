@@ -29,6 +29,7 @@ from typing import Literal
 
 from gpuwarden.model import GpuState, Intent, Outcome, Target
 from gpuwarden.notify.grouping import Notice
+from gpuwarden.playbook.templates import render
 from gpuwarden.units import format_duration
 
 BodyFormat = Literal["text", "markdown", "html"]
@@ -39,7 +40,6 @@ APPRISE_TYPES = {"info": "info", "warning": "warning", "critical": "failure"}
 VALUE_LIMIT = 200  # characters of one fact value
 LIST_LIMIT = 12  # items of one list (GPUs, actions) before "and N more"
 
-_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _SPACES = re.compile(r"\s+")
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()~>#+\-=|{}.!<])")
@@ -115,25 +115,6 @@ def escape(value: object, body_format: BodyFormat, limit: int = VALUE_LIMIT) -> 
     if body_format == "html":
         return html.escape(text, quote=True)
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
-
-
-def render(template: str, facts: Mapping[str, str]) -> str:
-    """``${name}`` replaced by ``facts[name]``; everything else left exactly as written."""
-
-    def one(match: re.Match[str]) -> str:
-        value = facts.get(match.group(1))
-        return match.group(0) if value is None else value
-
-    return _PLACEHOLDER.sub(one, template)
-
-
-# Facts a GPU adds to its incident's messages (``gpu_facts``), when the device reports them.
-GPU_FACT_NAMES: tuple[str, ...] = ("memory", "temperature", "utilization", "power", "state")
-
-
-def placeholders(template: str) -> tuple[str, ...]:
-    """The names a template uses (for checking a playbook's message against FACT_NAMES)."""
-    return tuple(dict.fromkeys(_PLACEHOLDER.findall(template)))
 
 
 # -- facts ------------------------------------------------------------------------------------
@@ -257,14 +238,6 @@ BODIES: dict[str, str] = {
     "Incident ${incidents}, opened ${opened}.\nAcknowledge: ${ack}",
 }
 FOOTER = "\n\nTimeline: ${timeline}"
-# The names every template may use (a member's own facts, such as ``memory``, come on top).
-FACT_NAMES: tuple[str, ...] = tuple(
-    re.findall(
-        r"\S+",
-        "prefix marker kind host rule title description severity SEVERITY where incident"
-        " incidents count opened duration values actions changes timeline ack",
-    )
-)
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 

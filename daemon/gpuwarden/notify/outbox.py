@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from gpuwarden.journal_records import cap, redact_text
-from gpuwarden.journal_schema import (
+from gpuwarden.journal.records import cap, redact_text
+from gpuwarden.journal.schema import (
     MIGRATIONS,
     JournalError,
     Migration,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwarden.config import Notify, NotifyTarget, Secret
-from gpuwarden.playbook.timewindow import parse_active
+from gpuwarden.timewindow import parse_active
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 

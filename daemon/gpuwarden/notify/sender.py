@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuwarden.clock import Clock, SystemClock
-from gpuwarden.journal_records import redact_text
-from gpuwarden.journal_schema import JournalError
+from gpuwarden.journal.records import redact_text
+from gpuwarden.journal.schema import JournalError
 from gpuwarden.notify.outbox import Outbox, OutboxRow, clean_error
 from gpuwarden.notify.routing import redact_url
 

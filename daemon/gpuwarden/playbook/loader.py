@@ -13,7 +13,6 @@ from pathlib import Path
 from gpuwarden import yamlfile
 from gpuwarden.config import Config
 from gpuwarden.errors import InputError, Problem
-from gpuwarden.notify.messages import FACT_NAMES, GPU_FACT_NAMES, placeholders
 from gpuwarden.playbook.expr import Compiled, Compiler, ExprError, Series
 from gpuwarden.playbook.fields import FIELDS
 from gpuwarden.playbook.schema import (
@@ -26,7 +25,8 @@ from gpuwarden.playbook.schema import (
     Selection,
     Step,
 )
-from gpuwarden.playbook.timewindow import (
+from gpuwarden.playbook.templates import FACT_NAMES, GPU_FACT_NAMES, placeholders
+from gpuwarden.timewindow import (
     ActiveWindows,
     Schedule,
     WindowError,

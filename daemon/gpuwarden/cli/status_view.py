@@ -1,35 +1,20 @@
 """``gpuwarden status``: a Snapshot as a table for people or as one JSON object for programs.
 
-Process names and command lines are attacker-controlled: before they reach a terminal every
-control character is replaced, so a cmdline cannot move the cursor, recolour the screen or
-hide itself.
+Process names and command lines are attacker-controlled: every string from a process goes
+through ``text.safe_text`` before it reaches a terminal.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import unicodedata
 from typing import Any
 
 from gpuwarden.model import Event, GpuProcess, GpuState, Snapshot
+from gpuwarden.text import iso, safe_text
 from gpuwarden.units import format_duration
 from gpuwarden.xid import describe_xid
 
 JSON_VERSION = 1
-
-
-def iso(ts: float) -> str:
-    return (
-        dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    )
-
-
-def safe_text(text: str) -> str:
-    """Printable text only: control and format characters become ``?``."""
-    return "".join(
-        "?" if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") else ch for ch in text
-    )
 
 
 # -- JSON ---------------------------------------------------------------------------------------

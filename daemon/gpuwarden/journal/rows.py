@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.journal_records import target_from
+from gpuwarden.journal.records import target_from
 from gpuwarden.model import Target, Undo
 
 _INCIDENTS = """
@@ -119,7 +119,7 @@ class TimelineRow:
     incident: str | None
     rule: str
     scope: str
-    kind: str  # see journal_records: pending, firing, step, skip, outcome, ...
+    kind: str  # see journal.records: pending, firing, step, skip, outcome, ...
     reason: str
     step: int | None
     intent: str | None

@@ -26,6 +26,7 @@ from pathlib import Path
 from gpuwarden.errors import HintedError
 
 APPLICATION_ID = 0x67707764  # "gpwd": tells a gpuwarden journal from any other SQLite file
+JOURNAL_NAME = "journal.db"  # the journal's file in the state directory
 
 
 class JournalError(HintedError):

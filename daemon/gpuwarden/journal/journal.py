@@ -12,8 +12,8 @@ connection. The run loop serialises the writes (executors in worker threads hand
 outcomes back to it); a lock guards the connection should a call come from another thread.
 A write that fails raises ``JournalError``: the daemon stops rather than act without a record.
 
-The file format is in ``journal_schema``, what is written (and redacted) in
-``journal_records``, the rows read back in ``journal_rows``.
+The file format is in ``journal.schema``, what is written (and redacted) in
+``journal.records``, the rows read back in ``journal.rows``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.errors import UsageError
-from gpuwarden.journal_records import (
+from gpuwarden.journal.records import (
     IncidentFacts,
     insert,
     redact_text,
@@ -34,7 +34,7 @@ from gpuwarden.journal_records import (
     write_intent,
     write_outcome,
 )
-from gpuwarden.journal_rows import (
+from gpuwarden.journal.rows import (
     BreakerState,
     IncidentRow,
     IntentRow,
@@ -49,7 +49,7 @@ from gpuwarden.journal_rows import (
     read_timeline,
     read_undos,
 )
-from gpuwarden.journal_schema import (
+from gpuwarden.journal.schema import (
     MIGRATIONS,
     JournalError,
     Migration,

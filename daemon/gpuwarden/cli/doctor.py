@@ -12,8 +12,10 @@ URLs are only parsed, and cloud credentials only looked up.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
+import json
 import os
 import stat
 import tempfile
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuwarden import config as config_file
+from gpuwarden.cli import common as cli_common
 from gpuwarden.config import CloudProfile, Config
 from gpuwarden.errors import InputError
 
@@ -395,3 +398,56 @@ def as_json(findings: Sequence[Finding]) -> list[dict[str, Any]]:
 def exit_code(findings: Sequence[Finding]) -> int:
     """0: everything ok or only warnings; 1: at least one error."""
     return 1 if blocking(findings) else 0
+
+
+# -- gpuwarden doctor -----------------------------------------------------------------------
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check this machine's setup",
+        description="Check NVML, permissions, the state directory, file modes, the config and "
+        "playbooks, notification targets and cloud credentials; each finding says what to fix. "
+        "Exit 1 if any is an error.",
+    )
+    doctor.add_argument(
+        "--insecure-permissions",
+        action="store_true",
+        help="report writable config or playbooks as warnings, not errors",
+    )
+    doctor.add_argument("--state-dir", type=Path, metavar="DIR")
+    doctor.add_argument("--json", action="store_true")
+
+
+def setup_findings(
+    args: argparse.Namespace,
+    cfg: Config,
+    playbook_paths: list[str],
+    config_path: Path | None,
+    *,
+    parse_urls: bool,
+) -> list[Finding]:
+    """Every finding for this command's config, playbooks and state directory."""
+    return run_checks(
+        cfg,
+        config_path,
+        playbook_paths,
+        state_dir=cli_common.state_dir(args, cfg),
+        insecure_permissions=args.insecure_permissions,
+        parse_urls=parse_urls,
+    )
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    found = cli_common.config_path(args.config)
+    cfg = config_file.Config() if found is None else config_file.load(found)
+    checked = setup_findings(
+        args, cfg, cli_common.playbook_paths(None, cfg), found, parse_urls=True
+    )
+    if args.json:
+        print(json.dumps(as_json(checked), indent=2))
+    else:
+        print(render(checked))
+    return exit_code(checked)

@@ -47,8 +47,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwarden.journal_rows import IncidentRow, TimelineRow
-from gpuwarden.status import iso, safe_text
+from gpuwarden.journal.rows import IncidentRow, TimelineRow
+from gpuwarden.text import iso, safe_text
 from gpuwarden.units import format_duration
 
 JSON_VERSION = 1

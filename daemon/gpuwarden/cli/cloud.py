@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden import config
-from gpuwarden.cli_run import JOURNAL_NAME
 from gpuwarden.errors import ExitCode
-from gpuwarden.status import safe_text
+from gpuwarden.journal.schema import JOURNAL_NAME
+from gpuwarden.text import safe_text
 from gpuwarden.units import format_duration
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class _Errors(logging.Handler):
 
 def _reap(args: argparse.Namespace, cfg: config.Config) -> int:
     from gpuwarden.cloud.store import InstanceStore
-    from gpuwarden.journal_schema import JournalError
+    from gpuwarden.journal.schema import JournalError
 
     path = _journal(args, cfg)
     if not path.is_file():
@@ -238,15 +238,17 @@ def _reap(args: argparse.Namespace, cfg: config.Config) -> int:
             hint=f"the daemon writes it in its state_dir ({path.parent}) once it has run; "
             "give the daemon's --config or --state-dir",
         )
+    from gpuwarden.cloud import reaper
+
     now = time.time()
     errors = _Errors()
     logger = logging.getLogger("gpuwarden.cloud")
     with InstanceStore.open(path) as store:
         service = _service(cfg, store)
-        report = service.reconcile(now)
+        report = reaper.reconcile(service, now)
         logger.addHandler(errors)
         try:
-            reaped = service.reap(now, dry_run=args.dry_run, seen=report)
+            reaped = reaper.reap(service, now, dry_run=args.dry_run, seen=report)
         finally:
             logger.removeHandler(errors)
     for line in report.lines():
@@ -281,7 +283,7 @@ def credential_warnings(cfg: config.Config) -> list[str]:
     wrong and what to do. Nothing is asked of AWS; boto3 is imported only with a profile."""
     if not cfg.cloud.profiles:
         return []
-    from gpuwarden import doctor
+    from gpuwarden.cli import doctor
 
     warnings = []
     for finding in doctor.check_cloud(cfg):

@@ -1,0 +1,179 @@
+"""``gpuwarden check`` (validate the config and playbooks, print an inventory), ``gpuwarden
+drill`` (rehearse them against a scenario on a simulated clock) and ``gpuwarden schema``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpuwarden import config
+from gpuwarden.cli.cloud import credential_warnings
+from gpuwarden.cli.common import config_path, duration, load_config, playbook_paths
+from gpuwarden.errors import ExitCode, InputError, UsageError
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    check = sub.add_parser(
+        "check",
+        parents=[common],
+        help="validate the config and playbooks and print an inventory",
+        description="Validate the config and the playbooks against it. Exit 0 when valid, "
+        "1 when not (every problem as file:line:col), 2 on a usage error.",
+    )
+    check.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="playbook files or directories (default: the config's playbooks)",
+    )
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) on warnings too, such as missing cloud credentials",
+    )
+
+    drill = sub.add_parser(
+        "drill",
+        parents=[common],
+        help="rehearse the playbooks against a scenario on a simulated clock",
+        description="Run a scenario through the real engine, as fast as the CPU allows, and "
+        "print what would happen second by second. Nothing outside this process is touched.",
+    )
+    drill.add_argument("scenario", type=Path, metavar="SCENARIO")
+    drill.add_argument(
+        "--playbooks",
+        action="append",
+        metavar="PATH",
+        help="playbook file or directory (repeatable; default: the config's)",
+    )
+    drill.add_argument("--json", action="store_true", help="one JSON object per line")
+    drill.add_argument(
+        "--notify",
+        action="store_true",
+        help="really deliver the messages, marked [DRILL], to the config's targets",
+    )
+    drill.add_argument(
+        "--cloud",
+        action="store_true",
+        help="ask EC2 (DryRun: nothing is launched) whether each provision step would be "
+        "allowed: credentials, permissions, parameters",
+    )
+    drill.add_argument(
+        "--tick",
+        type=duration,
+        metavar="D",
+        help="simulated time between snapshots (default: the config's tick)",
+    )
+
+
+def add_schema(sub: Any, common: argparse.ArgumentParser) -> None:
+    sub.add_parser(
+        "schema",
+        parents=[common],
+        help="print the JSON Schema of playbook files (for editors)",
+        description="Print the JSON Schema of playbook files, for editor completion.",
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gpuwarden.cli import inventory
+    from gpuwarden.playbook import loader
+
+    found = config_path(args.config)
+    try:
+        cfg = config.Config() if found is None else config.load(found)
+        paths = playbook_paths(args.paths, cfg)
+        if not args.paths and not Path(paths[0]).exists():
+            raise InputError.at(
+                paths[0],
+                None,
+                None,
+                "no such playbook directory",
+                hint="name playbook files or directories (gpuwarden check PATH...), "
+                "or set playbooks: in the config",
+            )
+        playbooks = loader.load(paths, cfg)
+    except InputError as exc:
+        print(exc.render(), file=sys.stderr)
+        if found is None:
+            print(
+                f"note: no config file was read (no --config, no GPUWARDEN_CONFIG, no "
+                f"{config.DEFAULT_PATH}): there are no notification targets or cloud "
+                "profiles, and the priority classes are the built-in ones",
+                file=sys.stderr,
+            )
+        count = len(exc.problems)
+        print(f"check failed: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
+        return ExitCode.FAILURE
+    source = str(found) if found else "(none: built-in defaults)"
+    print(inventory.render(cfg, source, playbooks))
+    warnings = credential_warnings(cfg)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if warnings and args.strict:
+        count = len(warnings)
+        print(
+            f"check failed: {count} warning{'s' if count != 1 else ''} (--strict)", file=sys.stderr
+        )
+        return ExitCode.FAILURE
+    print(f"ok: {len(playbooks.rules)} rule(s) in {len(playbooks.files)} file(s)")
+    return ExitCode.OK
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from gpuwarden import drill
+    from gpuwarden.playbook import loader
+
+    cfg = load_config(args.config)
+    playbooks = loader.load(playbook_paths(args.playbooks, cfg), cfg)
+    if not args.scenario.is_file():
+        raise UsageError(
+            f"no such scenario file: {args.scenario}", "shipped scenarios are in scenarios/"
+        )
+    if args.tick is not None and args.tick <= 0:
+        raise UsageError("--tick must be positive")
+    if args.cloud and not cfg.cloud.profiles:
+        raise UsageError(
+            "--cloud: the config has no cloud profiles to ask EC2 about",
+            "define them under cloud.profiles, or give the daemon's --config",
+        )
+    summary = drill.Summary()
+    # The drill's own journal for --notify's outbox and --cloud's instances; never the daemon's.
+    scratch = (
+        tempfile.TemporaryDirectory(prefix="gpuwarden-drill-")
+        if args.notify or args.cloud
+        else None
+    )
+    journal = Path(scratch.name) / "journal.db" if scratch else None
+    try:
+        for record in drill.run(
+            args.scenario,
+            cfg,
+            playbooks,
+            tick=args.tick,
+            summary=summary,
+            notify=journal if args.notify else None,
+            cloud=journal if args.cloud else None,
+        ):
+            if args.json:
+                print(json.dumps(record), flush=False)
+            else:
+                print(drill.render_record(record))
+        if not args.json:
+            print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    return ExitCode.OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from gpuwarden.playbook.jsonschema import playbook_schema
+
+    del args
+    print(json.dumps(playbook_schema(), indent=2))
+    return ExitCode.OK
