@@ -30,8 +30,7 @@ from typing import Any
 
 import yaml
 
-from engine import playbook_text
-from run import ROOT, banner
+from harness import ROOT, banner, playbook_text
 
 TICK_S = 1.0
 WARMUP_S = 10.0

@@ -13,16 +13,12 @@ throughput is in bench/throughput.py.
 
 from __future__ import annotations
 
-import cProfile
 import datetime as dt
-import pstats
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from string import Template
 
 from gpuwarden import config as config_module
 from gpuwarden.config import Config
@@ -41,7 +37,7 @@ from gpuwarden.model import (
 )
 from gpuwarden.playbook import loader
 from gpuwarden.playbook.loader import PlaybookSet
-from run import ROOT, Timing, banner, from_samples, header
+from harness import ROOT, Timing, banner, from_samples, header, playbook_text, profile
 
 # Monday 30 November 2026, 10:00 UTC: inside the working-hours window some rules use.
 START = dt.datetime(2026, 11, 30, 10, 0, tzinfo=dt.UTC).timestamp()
@@ -63,88 +59,6 @@ SHAPES = (
 
 
 # -- playbooks ------------------------------------------------------------------------------
-
-# Ten rule templates, used in turn: four per GPU, four per process, one per host, one per
-# event; history functions in four of them. ``$``-fields vary with the rule's number, so no
-# two rules of a set are the same text.
-TEMPLATES = (
-    """for_each: gpu
-when: gpu.memory.used_pct >= $pct
-for: 30s
-until: gpu.memory.used_pct < 85
-cooldown: 15m
-steps:
-  - notify: oncall
-  - checkpoint: {select: process.checkpointable, wait: 2m}
-  - after: 1m
-    kill: {select: process.priority <= low, order: [priority, -gpu_memory_mib],
-           free_until: gpu.memory.used_pct < $free, grace: 30s}""",
-    """for_each: gpu
-when: '"hw_thermal_slowdown" in gpu.throttle or gpu.temperature_c >= $temp'
-for: 1m
-until: gpu.temperature_c < 80 and not gpu.throttled
-steps: [{notify: oncall}, {after: 2m, power_cap: {percent: 80}}]""",
-    """for_each: gpu
-when: gpu.power_pct >= 95 and avg(gpu.power_w, ${window}m) >= $watts
-for: 30s
-steps: [{notify: chat}]""",
-    """for_each: gpu
-when: predict(gpu.memory.used_pct, 10m) >= 100 and gpu.memory.used_pct < 95
-for: 1m
-until: predict(gpu.memory.used_pct, 10m) < 90
-steps: [{notify: oncall}]""",
-    """for_each: process
-when: process.gpu_memory_mib >= $mib and held_for(process.idle) >= 1m
-cooldown: 6h
-steps: [{notify: oncall}, {after: 1m, kill: {select: process.priority <= low}}]""",
-    """for_each: process
-active: Mon-Fri 08:00-20:00
-when: process.priority <= low and process.cpu_pct >= $cpu
-for: 30s
-steps: [{notify: chat}, {after: 1m, renice: {nice: 19}}]""",
-    """for_each: process
-when: process.orphaned and process.gpu_memory_mib >= $mib
-for: 1m
-steps: [{notify: oncall}]""",
-    """for_each: process
-when: '"train.py" in process.cmdline and process.rss_mib >= $rss'
-for: 30s
-steps:
-  - notify: oncall
-  - checkpoint: {select: process.checkpointable and process.priority <= normal}""",
-    """for_each: host
-when: max(host.memory_used_pct, 5m) >= $host and host.gpus_lost == 0
-for: 1m
-steps: [{notify: oncall}]""",
-    """for_each: event
-when: >-
-  (event.kind == "xid" and event.xid in [48, 63, 64, 74, 79, 94, 95])
-  or event.kind == "gpu_lost"
-cooldown: 30m
-steps:
-  - notify: oncall
-  - checkpoint: {select: process.checkpointable and process.gpu == event.gpu}""",
-)
-
-
-def playbook_text(count: int) -> str:
-    lines = ["rules:"]
-    for i in range(count):
-        v = i // len(TEMPLATES)
-        body = Template(TEMPLATES[i % len(TEMPLATES)]).substitute(
-            pct=95 + v % 3,
-            free=80 - v % 3,
-            temp=88 + v % 3,
-            window=2 + v % 3,
-            watts=650 + v,
-            mib=1024 + v,
-            cpu=400 + v,
-            rss=65536 + v,
-            host=92 + v % 5,
-        )
-        lines += [f"  - name: bench-{i % len(TEMPLATES)}-{i:03d}", "    severity: warning"]
-        lines += [f"    {text}" for text in body.splitlines()]
-    return "\n".join(lines) + "\n"
 
 
 def load_rules(count: int, cfg: Config, directory: Path) -> PlaybookSet:
@@ -363,14 +277,6 @@ def ticks(cfg: Config) -> None:
 
 
 # -- profile --------------------------------------------------------------------------------
-
-
-def profile(name: str, fn: Callable[[], object]) -> None:
-    """Print where ``fn`` spends its time, the 15 costliest functions by own time."""
-    print(f"\n## Profile: {name}\n", flush=True)
-    profiler = cProfile.Profile()
-    profiler.runcall(fn)
-    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(15)
 
 
 def main(*, with_profile: bool = False) -> None:

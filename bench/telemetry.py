@@ -17,7 +17,7 @@ from gpuwarden.model import Snapshot
 from gpuwarden.sources.procs import Attributor
 from gpuwarden.sources.scenario import ScenarioSource
 from gpuwarden.sources.smi_csv import SmiCsvSource
-from run import ROOT, banner, header, measure
+from harness import ROOT, banner, header, measure
 
 ATTRIBUTED = 64  # real processes, as many as a busy 8-GPU node runs
 

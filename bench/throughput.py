@@ -25,7 +25,7 @@ from gpuwarden import drill
 from gpuwarden.config import Config
 from gpuwarden.playbook import loader
 from gpuwarden.playbook.loader import PlaybookSet
-from run import ROOT, banner, from_samples, header
+from harness import ROOT, banner, from_samples, header, profile
 
 TOTAL_MIB = 81559
 DRILL_TARGET_S = 10.0  # a 24-hour drill at 1 Hz
@@ -178,8 +178,6 @@ def main(*, with_profile: bool = False) -> None:
     if not with_profile:
         drills()
         return
-    from engine import profile
-
     cfg, playbooks = shipped()
     with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-") as tmp:
         part = write_day(Path(tmp) / "slice.yaml", hours=1)
