@@ -1,0 +1,347 @@
+"""The state machine each rule runs per scope: inactive → pending → firing → resolved.
+
+``Lifecycle`` holds the state of every (rule, scope) pair the engine tracks and moves it on
+each tick: pending once ``when`` holds, firing (an incident opens) once it held for ``for``
+(event and scheduled rules fire at once), resolved when ``when`` clears or ``until`` holds,
+the scope is gone, or a one-shot rule's ladder has run; ``cooldown`` then keeps the scope
+from firing again for a while. While an incident is open, each tick hands it to the ladder
+(ladder.py), which this module drives but does not know the inside of.
+
+``Engine`` (engine.py) owns the one ``Lifecycle``: it decides which rules are evaluated in a
+tick (schedules), builds the scopes' environments and passes them in (``env_for``, its cached
+builder), and reads the states back for its public views. Imports only downward: ladder,
+incident, scopes; never engine.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Collection
+
+from gpuwarden.engine.incident import Incident, ScopeState, stamp
+from gpuwarden.engine.ladder import Env, Ladder, Records, ladder_done
+from gpuwarden.engine.scopes import Scope
+from gpuwarden.model import Reason, RuleChange, Snapshot, Transition
+from gpuwarden.playbook.loader import CompiledRule
+
+EnvFor = Callable[[Env, Scope], Env]  # (the tick's base env, a scope) -> the scope's env
+
+
+class Lifecycle:
+    """The states of every rule's scopes, and the transitions between them (see the module
+    doc). One per engine; it outlives playbook reloads."""
+
+    def __init__(self, ladder: Ladder, env_for: EnvFor, tz: dt.tzinfo) -> None:
+        self.ladder = ladder
+        self.tz = tz  # replaced with the config (Engine.replace)
+        self.states: dict[str, dict[str, ScopeState]] = {}  # rule -> scope key -> state
+        self._env_for = env_for
+        # Incident ids opened within the current second (ids are stamped to the second).
+        self._id_second = ""
+        self._ids: dict[str, int] = {}
+
+    # -- views and changes from outside a tick ----------------------------------------------
+
+    def phase_counts(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for rule, states in self.states.items():
+            for state in states.values():
+                if state.phase in ("pending", "firing"):
+                    key = (rule, state.phase)
+                    counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def open_incidents(self) -> list[Incident]:
+        return [
+            s.incident
+            for states in self.states.values()
+            for s in states.values()
+            if s.incident is not None
+        ]
+
+    def drop_rules_except(self, names: Collection[str], now: float) -> list[RuleChange]:
+        """Forget every rule not in ``names``; each open incident of one resolves with
+        ``RULE_REMOVED`` (returned). What such an incident had in flight stays known to the
+        ladder, so that its outcome is still taken when it comes."""
+        closed: list[RuleChange] = []
+        for rule, states in list(self.states.items()):
+            if rule in names:
+                continue
+            for state in states.values():
+                if state.incident is not None:
+                    closed.append(
+                        RuleChange(
+                            Transition.RESOLVED,
+                            rule,
+                            state.incident.scope,
+                            now,
+                            Reason.RULE_REMOVED,
+                            state.incident.id,
+                            where=state.incident.label,
+                        )
+                    )
+            del self.states[rule]
+        return closed
+
+    # -- one rule in one tick ---------------------------------------------------------------
+
+    def evaluate(
+        self,
+        rule: CompiledRule,
+        scopes: list[Scope],
+        envs: list[Env],
+        snapshot: Snapshot,
+        base: Env,
+        now: float,
+        changes: Records,
+        intents: Records,
+    ) -> None:
+        """Evaluate ``rule`` over this tick's ``scopes`` (``envs``: the environment of each,
+        in the same order) and move its states and open incidents on."""
+        states = self.states.setdefault(rule.name, {})
+        present: set[str] = set()
+        for scope, env in zip(scopes, envs, strict=True):
+            if scope.key in present and rule.spec.for_each == "event":
+                continue  # one incident per GPU, however many events arrive in one tick
+            holds = rule.when.test(env)
+            state = states.get(scope.key)
+            if state is None:
+                if not holds:
+                    continue
+                state = states[scope.key] = ScopeState()
+            present.add(scope.key)
+            state.label = scope.label
+            if state.phase == "firing":
+                continue  # handled below with every open incident of the rule
+            self._idle_or_pending(rule, scope, state, holds, env, now, changes, intents)
+        self.advance_open(
+            rule,
+            {rule.spec.for_each: scopes},
+            snapshot,
+            base,
+            now,
+            changes,
+            intents,
+            present=present if rule.spec.for_each != "event" else None,
+        )
+        for key in list(states):
+            state = states[key]
+            if state.phase == "pending" and key not in present:
+                state.phase = "inactive"
+                changes.append(
+                    RuleChange(
+                        Transition.CANCELLED,
+                        rule.name,
+                        key,
+                        now,
+                        Reason.SCOPE_GONE,
+                        where=state.label,
+                    )
+                )
+            if state.phase == "inactive" and state.cooldown_until <= now:
+                del states[key]
+
+    def advance_open(
+        self,
+        rule: CompiledRule,
+        scopes: dict[str, list[Scope]],
+        snapshot: Snapshot,
+        base: Env,
+        now: float,
+        changes: Records,
+        intents: Records,
+        present: set[str] | None = None,
+    ) -> None:
+        """Resolve or advance every open incident of ``rule``. (Called on its own for a
+        scheduled rule between its runs.)"""
+        current = {s.key: s for s in scopes.get(rule.spec.for_each, [])}
+        gpus = {g.index: g for g in snapshot.gpus}
+        for key, state in list(self.states.get(rule.name, {}).items()):
+            incident = state.incident
+            if state.phase != "firing" or incident is None:
+                continue
+            scope = current.get(key)
+            if rule.spec.for_each == "event":
+                scope = Scope(
+                    key,
+                    incident.label,
+                    gpu=None if incident.gpu is None else gpus.get(incident.gpu),
+                    event=incident.event,
+                )
+            if scope is None:
+                self._resolve(rule, state, now, Reason.SCOPE_GONE, changes)
+                continue
+            env = self._env_for(base, scope)
+            if rule.until is not None:
+                if rule.until.test(env):
+                    self._resolve(rule, state, now, Reason.UNTIL_MET, changes)
+                    continue
+                holds = rule.when.test(env) if not rule.one_shot else True
+            elif rule.one_shot:
+                holds = True
+            else:
+                holds = rule.when.test(env)
+                if not holds:
+                    self._resolve(rule, state, now, Reason.RESOLVED, changes)
+                    continue
+            self.ladder.run(rule, incident, scope, env, holds, now, changes, intents)
+            if rule.one_shot and rule.until is None and ladder_done(rule, incident):
+                self._resolve(rule, state, now, Reason.LADDER_DONE, changes)
+        del present
+
+    # -- transitions ------------------------------------------------------------------------
+
+    def _idle_or_pending(
+        self,
+        rule: CompiledRule,
+        scope: Scope,
+        state: ScopeState,
+        holds: bool,
+        env: Env,
+        now: float,
+        changes: Records,
+        intents: Records,
+    ) -> None:
+        name = rule.name
+        if not holds:
+            if state.phase == "pending":
+                state.phase = "inactive"
+                changes.append(
+                    RuleChange(
+                        Transition.CANCELLED,
+                        name,
+                        scope.key,
+                        now,
+                        Reason.CONDITION_CLEARED,
+                        where=scope.label,
+                    )
+                )
+            return
+        if rule.active is not None and not rule.active.contains(now, self.tz):
+            if state.phase == "pending":
+                state.phase = "inactive"
+                changes.append(
+                    RuleChange(
+                        Transition.CANCELLED,
+                        name,
+                        scope.key,
+                        now,
+                        Reason.INACTIVE_WINDOW,
+                        where=scope.label,
+                    )
+                )
+            return
+        if now < state.cooldown_until:
+            if not state.cooldown_noted:
+                state.cooldown_noted = True
+                changes.append(
+                    RuleChange(
+                        Transition.COOLDOWN,
+                        name,
+                        scope.key,
+                        now,
+                        Reason.COOLDOWN,
+                        detail=f"until {stamp(state.cooldown_until)}",
+                        where=scope.label,
+                    )
+                )
+            return
+        if rule.one_shot:
+            reason = Reason.EVENT if rule.spec.for_each == "event" else Reason.SCHEDULED
+            self._fire(rule, scope, state, now, reason, changes, intents, env)
+            return
+        if state.phase == "inactive":
+            state.phase = "pending"
+            state.since = now
+            changes.append(
+                RuleChange(
+                    Transition.PENDING,
+                    name,
+                    scope.key,
+                    now,
+                    Reason.CONDITION_MET,
+                    where=scope.label,
+                )
+            )
+        if now - state.since >= rule.spec.for_:
+            self._fire(rule, scope, state, now, Reason.FOR_ELAPSED, changes, intents, env)
+
+    def _fire(
+        self,
+        rule: CompiledRule,
+        scope: Scope,
+        state: ScopeState,
+        now: float,
+        reason: Reason,
+        changes: Records,
+        intents: Records,
+        env: Env,
+    ) -> None:
+        state.phase = "firing"
+        gpu = (
+            scope.gpu.index
+            if scope.gpu is not None
+            else (scope.event.gpu if scope.event is not None else None)
+        )
+        incident = Incident(
+            id=self._incident_id(rule, scope, now),
+            rule=rule.name,
+            scope=scope.key,
+            label=scope.label,
+            opened=now,
+            severity=rule.spec.severity,
+            shadow=rule.spec.mode == "shadow",
+            gpu=gpu,
+            event=scope.event,
+        )
+        state.incident = incident
+        changes.append(
+            RuleChange(
+                Transition.FIRING,
+                rule.name,
+                scope.key,
+                now,
+                reason,
+                incident.id,
+                where=scope.label,
+            )
+        )
+        self.ladder.run(rule, incident, scope, env, True, now, changes, intents)
+
+    def _incident_id(self, rule: CompiledRule, scope: Scope, now: float) -> str:
+        """``<UTC second>-<rule>-<scope>``; an incident of the same rule and scope opened
+        again within that second (a flapping rule without cooldown, a reused PID) gets
+        ``-2``, ``-3``, ... so that no two incidents, and no two intents, share an id."""
+        second = stamp(now)
+        if second != self._id_second:
+            self._id_second, self._ids = second, {}
+        base = f"{second}-{rule.name}-{scope.key.split('@')[0].replace('/', '-')}"
+        count = self._ids[base] = self._ids.get(base, 0) + 1
+        return base if count == 1 else f"{base}-{count}"
+
+    def _resolve(
+        self,
+        rule: CompiledRule,
+        state: ScopeState,
+        now: float,
+        reason: Reason,
+        changes: Records,
+    ) -> None:
+        incident = state.incident
+        assert incident is not None
+        self.ladder.forget(incident)
+        state.phase = "inactive"
+        state.incident = None
+        state.cooldown_until = now + rule.spec.cooldown
+        state.cooldown_noted = False
+        changes.append(
+            RuleChange(
+                Transition.RESOLVED,
+                rule.name,
+                incident.scope,
+                now,
+                reason,
+                incident.id,
+                where=incident.label,
+            )
+        )
