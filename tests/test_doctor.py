@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.cli import doctor
-from gpuwarden.cli.doctor import Finding
+from gpuwarden.cli import doctor, selfcheck
+from gpuwarden.cli.selfcheck import Finding
 from gpuwarden.config import CloudProfile, Config
 
 PLAYBOOK = """\
@@ -55,7 +55,7 @@ def by_check(findings: list[Finding]) -> dict[str, Finding]:
 
 def test_valid_setup_is_all_ok_except_nvml_without_a_gpu(tmp_path: Path, sleeper: int) -> None:
     config, books = write_setup(tmp_path)
-    findings = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    findings = selfcheck.run_checks(None, config, [books], probe_pid=sleeper)
     checks = by_check(findings)
     assert checks["nvml"].severity == "warning"
     assert checks["nvml"].fix is not None
@@ -73,15 +73,17 @@ def test_valid_setup_is_all_ok_except_nvml_without_a_gpu(tmp_path: Path, sleeper
 def test_group_writable_playbook_refuses_unless_insecure(tmp_path: Path, sleeper: int) -> None:
     config, books = write_setup(tmp_path)
     (books / "hot.yaml").chmod(0o664)
-    strict = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    strict = selfcheck.run_checks(None, config, [books], probe_pid=sleeper)
     bad = by_check(strict)[f"mode {books / 'hot.yaml'}"]
     assert bad.severity == "error"
     assert bad.fix is not None
     assert bad.fix.startswith(f"chmod go-w {books / 'hot.yaml'}")
     assert doctor.exit_code(strict) == 1
-    assert doctor.blocking(strict) == [bad]
+    assert selfcheck.blocking(strict) == [bad]
 
-    loose = doctor.run_checks(None, config, [books], probe_pid=sleeper, insecure_permissions=True)
+    loose = selfcheck.run_checks(
+        None, config, [books], probe_pid=sleeper, insecure_permissions=True
+    )
     assert by_check(loose)[f"mode {books / 'hot.yaml'}"].severity == "warning"
     assert doctor.exit_code(loose) == 0
 
@@ -89,7 +91,7 @@ def test_group_writable_playbook_refuses_unless_insecure(tmp_path: Path, sleeper
 def test_world_writable_config_is_an_error(tmp_path: Path, sleeper: int) -> None:
     config, books = write_setup(tmp_path)
     config.chmod(0o606)
-    finding = by_check(doctor.run_checks(None, config, [books], probe_pid=sleeper))[
+    finding = by_check(selfcheck.run_checks(None, config, [books], probe_pid=sleeper))[
         f"mode {config}"
     ]
     assert finding.severity == "error"
@@ -99,7 +101,7 @@ def test_world_writable_config_is_an_error(tmp_path: Path, sleeper: int) -> None
 def test_state_dir_under_a_regular_file_is_an_error(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    finding = doctor.check_state_dir(blocker / "state")
+    finding = selfcheck.check_state_dir(blocker / "state")
     assert finding.severity == "error"
     assert str(blocker / "state") in finding.detail
     assert finding.fix is not None
@@ -108,7 +110,7 @@ def test_state_dir_under_a_regular_file_is_an_error(tmp_path: Path) -> None:
 
 def test_state_dir_created_and_probe_removed(tmp_path: Path) -> None:
     state = tmp_path / "a" / "b"
-    assert doctor.check_state_dir(state).ok
+    assert selfcheck.check_state_dir(state).ok
     assert list(state.iterdir()) == []
 
 
@@ -123,7 +125,7 @@ def test_missing_notify_secret_names_the_variable_not_any_secret(
         f"    broken:\n      urls: ['nosuchscheme://{SECRET}@x/y']\n"
     )
     config, books = write_setup(tmp_path, notify)
-    findings = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    findings = selfcheck.run_checks(None, config, [books], probe_pid=sleeper)
     checks = by_check(findings)
     assert checks["notify oncall"].severity == "error"
     assert "GPUWARDEN_DOCTOR_MISSING" in checks["notify oncall"].detail
@@ -138,7 +140,7 @@ def test_config_error_carries_its_position(tmp_path: Path, sleeper: int) -> None
     config, books = write_setup(tmp_path)
     config.write_text("tick: 2s\nno_such_key: 1\n")
     config.chmod(0o600)
-    findings = doctor.run_checks(None, config, [books], probe_pid=sleeper)
+    findings = selfcheck.run_checks(None, config, [books], probe_pid=sleeper)
     bad = by_check(findings)["config"]
     assert bad.severity == "error"
     assert f"{config}:2:1" in bad.detail
@@ -148,7 +150,7 @@ def test_config_error_carries_its_position(tmp_path: Path, sleeper: int) -> None
 def test_broken_playbook_is_an_error_with_position(tmp_path: Path, sleeper: int) -> None:
     config, books = write_setup(tmp_path)
     (books / "hot.yaml").write_text(PLAYBOOK.replace("gpu.temperature_c", "gpu.nope"))
-    finding = by_check(doctor.run_checks(None, config, [books], probe_pid=sleeper))["playbooks"]
+    finding = by_check(selfcheck.run_checks(None, config, [books], probe_pid=sleeper))["playbooks"]
     assert finding.severity == "error"
     assert f"{books / 'hot.yaml'}:4:" in finding.detail
 
@@ -161,24 +163,24 @@ def test_broken_playbook_is_an_error_with_position(tmp_path: Path, sleeper: int)
         ("0000000000a80004", {"CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE", "CAP_SYS_ADMIN",
                               "CAP_SYS_NICE"}),
         # this sandbox's mask: every capability but CAP_SYS_RESOURCE (bit 24)
-        ("000001fffeffffff", set(doctor.CAPABILITY_BITS) - {"CAP_SYS_RESOURCE"}),
+        ("000001fffeffffff", set(selfcheck.CAPABILITY_BITS) - {"CAP_SYS_RESOURCE"}),
     ],
 )  # fmt: skip
 def test_capabilities_decode(capeff: str, expected: set[str]) -> None:
-    assert doctor.capabilities(capeff) == expected
+    assert selfcheck.capabilities(capeff) == expected
 
 
 def test_own_capabilities_read_from_a_status_file(tmp_path: Path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tx\nCapPrm:\t0000000000000000\nCapEff:\t0000000000800020\n")
-    assert doctor.own_capabilities(status) == {"CAP_KILL", "CAP_SYS_NICE"}
-    assert doctor.own_capabilities(tmp_path / "missing") is None
+    assert selfcheck.own_capabilities(status) == {"CAP_KILL", "CAP_SYS_NICE"}
+    assert selfcheck.own_capabilities(tmp_path / "missing") is None
 
 
 def test_signal_probe_of_a_gone_process_warns() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    finding = doctor.check_signal(child.pid, None)
+    finding = selfcheck.check_signal(child.pid, None)
     assert finding.severity == "warning"
 
 
@@ -193,11 +195,11 @@ def test_unprivileged_user_gets_capability_fixes() -> None:
         try:
             os.setgid(65534)
             os.setuid(65534)
-            caps = doctor.own_capabilities()
+            caps = selfcheck.own_capabilities()
             found = [
-                doctor.check_signal(parent, caps),
-                doctor.check_renice(parent, caps),
-                doctor.check_environ(parent),
+                selfcheck.check_signal(parent, caps),
+                selfcheck.check_renice(parent, caps),
+                selfcheck.check_environ(parent),
             ]
             os.write(write, json.dumps(doctor.as_json(found)).encode())
         except BaseException:
@@ -226,18 +228,18 @@ def test_cloud_credentials() -> None:
     def missing_boto3(_: CloudProfile) -> bool:
         raise ImportError("boto3")
 
-    none = doctor.check_cloud(config, lambda _: False)
+    none = selfcheck.check_cloud(config, lambda _: False)
     assert none[0].severity == "warning"
     assert none[0].detail == "no AWS credentials found"
-    assert doctor.check_cloud(config, lambda _: True)[0].ok
-    absent = doctor.check_cloud(config, missing_boto3)[0]
+    assert selfcheck.check_cloud(config, lambda _: True)[0].ok
+    absent = selfcheck.check_cloud(config, missing_boto3)[0]
     assert absent.severity == "warning"
     assert absent.fix == "pip install 'gpuwarden[cloud]'"
-    assert doctor.check_cloud(Config(), missing_boto3) == []
+    assert selfcheck.check_cloud(Config(), missing_boto3) == []
 
 
 def test_nvml_skipped_for_other_sources() -> None:
-    assert doctor.check_nvml("scenario:drill.yaml").ok
+    assert selfcheck.check_nvml("scenario:drill.yaml").ok
 
 
 def test_render_and_exit_codes() -> None:

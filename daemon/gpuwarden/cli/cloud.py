@@ -283,10 +283,10 @@ def credential_warnings(cfg: config.Config) -> list[str]:
     wrong and what to do. Nothing is asked of AWS; boto3 is imported only with a profile."""
     if not cfg.cloud.profiles:
         return []
-    from gpuwarden.cli import doctor
+    from gpuwarden.cli import selfcheck
 
     warnings = []
-    for finding in doctor.check_cloud(cfg):
+    for finding in selfcheck.check_cloud(cfg):
         if finding.ok:
             continue
         name = finding.check.removeprefix("cloud ")

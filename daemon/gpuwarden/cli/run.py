@@ -203,7 +203,7 @@ def _self_check(
     playbook_paths: list[str],
     config_path: Path | None,
 ) -> None:
-    from gpuwarden.cli import doctor
+    from gpuwarden.cli import doctor, selfcheck
 
     if args.source:  # check the source this run uses, not the config's
         cfg = cfg.model_copy(update={"source": args.source})
@@ -218,7 +218,7 @@ def _self_check(
                 finding.detail,
                 finding.fix,
             )
-    blocking = [f for f in doctor.blocking(findings) if f.check.startswith(BLOCKING_CHECKS)]
+    blocking = [f for f in selfcheck.blocking(findings) if f.check.startswith(BLOCKING_CHECKS)]
     if blocking:
         print(doctor.render(blocking), file=sys.stderr)
         raise SystemExit(ExitCode.UNSAFE_SETUP)
