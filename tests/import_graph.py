@@ -35,6 +35,7 @@ GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
             "gpuwarden.text",
             "gpuwarden.yamlfile",
             "gpuwarden.timewindow",
+            "gpuwarden.timewindow_parse",
             "gpuwarden.job",
             "gpuwarden.sdnotify",
             "gpuwarden.cloud.tags",
