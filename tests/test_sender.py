@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.clock import SimClock
+from gpuwarden.notify.delivery import send_test
 from gpuwarden.notify.messages import Message
 from gpuwarden.notify.outbox import Outbox
-from gpuwarden.notify.sender import RetryPolicy, Sender, send_test
+from gpuwarden.notify.sender import RetryPolicy, Sender
 from tests.notify_receivers import JsonReceiver, SmtpReceiver
 
 TOKEN = "s3cr3tT0kenXYZ"

@@ -17,12 +17,13 @@ from typing import Any
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
 from gpuwarden.model import GpuState, Intent, Outcome, Reason, RuleChange, Transition
+from gpuwarden.notify.delivery import UrlResult, send_test
 from gpuwarden.notify.grouping import Timing
 from gpuwarden.notify.messages import gpu_facts
 from gpuwarden.notify.notifier import Notifier
 from gpuwarden.notify.outbox import Outbox
 from gpuwarden.notify.routing import resolve_urls
-from gpuwarden.notify.sender import Sender, UrlResult, send_test
+from gpuwarden.notify.sender import Sender
 from gpuwarden.playbook.schema import NotifyParams, Rule
 
 FLUSH_AHEAD = 10 * 86400.0
