@@ -54,6 +54,7 @@ GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
         6,
         (
             "gpuwarden.runtime",
+            "gpuwarden.dispatch",
             "gpuwarden.safety",
             "gpuwarden.reload",
             "gpuwarden.metrics",

@@ -2,30 +2,30 @@
 
 Only the main thread touches the engine and the journal. Executors run in worker threads (a
 slow checkpoint wait never delays the next tick) and hand their outcomes back through a queue
-that each tick drains. Every intent is journaled before it is handed to an executor and its
-outcome after, so a daemon killed mid-ladder and restarted repeats no step (``recover``), and
-whatever a step changed that must be put back (a suspended job, a nice value, a power limit) is
-an undo row that survives the restart.
+that each tick drains; that hand-off, and the undos, are the ``Dispatcher`` (``dispatch.py``).
+Every intent is journaled before it is handed to an executor and its outcome after, so a daemon
+killed mid-ladder and restarted repeats no step (``recover``), and whatever a step changed that
+must be put back (a suspended job, a nice value, a power limit) is an undo row that survives the
+restart. This module holds the loop around it: start-up recovery, the tick, cloud rounds,
+metrics, reload between ticks, systemd notifications, and a clean stop.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.actions import registry
-from gpuwarden.actions.base import Context, PowerControl
+from gpuwarden.actions.base import PowerControl
 from gpuwarden.clock import Clock, ScaledClock, SystemClock
 from gpuwarden.cloud.rounds import Rounds, reaped_notes
 from gpuwarden.config import Config
+from gpuwarden.dispatch import Dispatcher, RunStats
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
-from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Transition, Undo
+from gpuwarden.model import Intent, Reason, RuleChange, Transition, Undo
 from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.safety import Rails
@@ -38,20 +38,6 @@ if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from gpuwarden.sdnotify import SystemdNotifier
 
 log = logging.getLogger("gpuwarden.run")
-
-
-# Undo results worth trying again later (anything else — done, gone, reused — is final).
-RETRY_UNDO = frozenset({"denied", "error"})
-
-
-@dataclass
-class RunStats:
-    ticks: int = 0
-    intents: int = 0
-    refused: int = 0
-    failed: int = 0
-    undone: int = 0
-    incidents: set[str] = field(default_factory=set)
 
 
 class Runtime:
@@ -78,25 +64,48 @@ class Runtime:
         self.journal = journal
         self.clock = clock or SystemClock()
         self._forced_dry_run = dry_run  # --dry-run holds across reloads
-        self.dry_run = dry_run or config.dry_run
         self.power = power
         self.host = host
-        self.notifications = notifications
         self.metrics = metrics
         self.systemd = systemd
         self.reloader = reloader  # a gpuwarden.reload.Reloader, when reloads are on
         self.cloud = cloud  # launches for provision steps; reconciled and reaped in rounds
         self.engine = Engine(playbooks, config, self_pid=self_pid)
-        self.rails = Rails(config.safety, journal)
         self.pool = ThreadPoolExecutor(config.safety.workers, thread_name_prefix="gpuwarden-step")
         self.rounds = None if cloud is None else Rounds(cloud, self.pool, self.clock)
         self.stopping = threading.Event()
         self._wake = threading.Event()
-        self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self.stats = RunStats()
-        self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
-        self._running: dict[str, Future[None]] = {}
         self._source_lock = threading.Lock()
+        self.steps = Dispatcher(
+            journal,
+            self.engine,
+            self.pool,
+            self.stats,
+            rails=Rails(config.safety, journal),
+            dry_run=dry_run or config.dry_run,
+            clock=self.clock,
+            source=source,
+            source_lock=self._source_lock,
+            host=host,
+            power=power,
+            cloud=cloud,
+            notifications=notifications,
+            metrics=metrics,
+        )
+
+    @property
+    def dry_run(self) -> bool:
+        """Whether steps only say what they would do (``--dry-run``, or the config's)."""
+        return self.steps.dry_run
+
+    @property
+    def notifications(self) -> Notifications | None:
+        return self.steps.notifications
+
+    @notifications.setter
+    def notifications(self, notifications: Notifications | None) -> None:
+        self.steps.notifications = notifications  # the loop and the dispatcher share them
 
     # -- start ------------------------------------------------------------------------------
 
@@ -108,7 +117,7 @@ class Runtime:
             self.journal.mark_interrupted(row.id, now)
             if row.kind == "suspend":  # it may have stopped jobs before writing their undo
                 for target in row.targets:
-                    self._run_undo(
+                    self.steps.run_undo(
                         Undo(kind="resume", pid=target.pid, create_time=target.create_time)
                     )
         open_ids: set[str] = set()
@@ -147,14 +156,14 @@ class Runtime:
                 self.journal.record(change, now)
         for undo in self.journal.pending_undos():
             if undo.incident not in open_ids:
-                self._undo(undo)
+                self.steps.undo(undo)
 
     # -- one tick ---------------------------------------------------------------------------
 
     def tick(self) -> Tick:
         began = time.perf_counter()
         now = self.clock.now()
-        self._drain()
+        self.steps.drain()
         with self._source_lock:
             snapshot = self.source.snapshot(now)
         for row in self.journal.incidents(open_only=True):
@@ -173,9 +182,9 @@ class Runtime:
             )
         for record in written:
             if isinstance(record, Intent):
-                self._dispatch(record, now)
+                self.steps.dispatch(record, now)
             elif record.kind == Transition.RESOLVED and record.incident:
-                self._undo_incident(record.incident)
+                self.steps.undo_incident(record.incident)
             elif record.kind == Transition.FIRING and record.incident:
                 self.stats.incidents.add(record.incident)
                 log.warning(
@@ -239,133 +248,6 @@ class Runtime:
             self.metrics.observe_outbox(
                 self.notifications.outbox.counts(), sender.retried + sender.failed
             )
-
-    def _dispatch(self, intent: Intent, now: float) -> None:
-        self.stats.intents += 1
-        refused = self.rails.refuse(intent, now)
-        if refused is not None:
-            self.stats.refused += 1
-            log.warning(
-                "action=%s rule=%s incident=%s refused: %s",
-                intent.kind,
-                intent.rule,
-                intent.incident,
-                refused,
-            )
-            if self.metrics is not None:
-                self.metrics.observe_step(intent.kind, "refused")
-            self._finish(intent, Outcome(ok=False, detail=f"refused: {refused}"), counted=True)
-            return
-        tripped = self.rails.record(intent, now)
-        if tripped is not None:
-            log.error(
-                "circuit breaker tripped: %s; destructive steps halt until "
-                "`gpuwarden reset-breaker`",
-                tripped,
-            )
-            if self.notifications is not None:
-                self.notifications.admin(
-                    f"gpuwarden on {self.host}: circuit breaker tripped",
-                    f"{tripped}. Destructive steps are halted until someone runs "
-                    "`gpuwarden reset-breaker` on this host.",
-                    now,
-                )
-        ctx = Context(
-            dry_run=self.dry_run or intent.shadow,
-            clock=self.clock,
-            host=self.host,
-            cancel=self.cancel,
-            power=self.power,
-            cloud=self.cloud,
-            facts=self._facts(intent),
-            still_needed=self._still_needed(intent) if intent.kind == "kill" else None,
-        )
-        self._running[intent.id] = self.pool.submit(self._execute, intent, ctx)
-
-    def _execute(self, intent: Intent, ctx: Context) -> None:
-        try:
-            outcome = registry.executor(intent.kind)(intent, ctx)
-        except Exception as exc:  # an executor bug must not take the daemon down
-            log.exception("executor %s failed", intent.kind)
-            outcome = Outcome(
-                ok=False,
-                detail=f"executor failed: {type(exc).__name__}: {exc}",
-                dry_run=ctx.dry_run,
-            )
-        self._done.put((intent, outcome))
-
-    def _still_needed(self, intent: Intent) -> Any:
-        def check() -> bool:
-            now = self.clock.now()
-            with self._source_lock:
-                snapshot = self.source.snapshot(now)
-            return self.engine.still_needed(intent, snapshot, now)
-
-        return check
-
-    def _facts(self, intent: Intent) -> dict[str, str]:
-        facts = {
-            "GPUWARDEN_INCIDENT": intent.incident,
-            "GPUWARDEN_RULE": intent.rule,
-            "GPUWARDEN_SEVERITY": intent.severity,
-            "GPUWARDEN_HOST": self.host,
-            "GPUWARDEN_SCOPE": intent.where,
-            "GPUWARDEN_DRY_RUN": "1" if self.dry_run or intent.shadow else "0",
-        }
-        if intent.gpu is not None:
-            facts["GPUWARDEN_GPU"] = str(intent.gpu)
-        if intent.targets:
-            facts["GPUWARDEN_TARGET_PIDS"] = " ".join(str(t.pid) for t in intent.targets)
-        return facts
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                intent, outcome = self._done.get_nowait()
-            except queue.Empty:
-                return
-            self._running.pop(intent.id, None)
-            self._finish(intent, outcome)
-
-    def _finish(self, intent: Intent, outcome: Outcome, *, counted: bool = False) -> None:
-        if self.metrics is not None and not counted:
-            result = "dry_run" if outcome.dry_run else "ok" if outcome.ok else "failed"
-            self.metrics.observe_step(intent.kind, result)
-        if not outcome.ok:
-            self.stats.failed += 1
-        self.journal.finish(intent.id, outcome, self.clock.now())
-        self.engine.complete(intent.id, outcome)
-        if self.notifications is not None:
-            self.notifications.observe_outcome(intent, outcome, self.clock.now())
-
-    # -- putting things back ----------------------------------------------------------------
-
-    def _undo_incident(self, incident: str) -> None:
-        for undo in self.journal.pending_undos(incident):
-            self._undo(undo)
-
-    def _undo(self, row: Any) -> None:
-        state = self._run_undo(row.undo())
-        if state is None or state in RETRY_UNDO:
-            return  # kept in the journal: tried again at the next resolve, stop or start
-        self.journal.undo_done(row.id, self.clock.now(), state)
-
-    def _run_undo(self, undo: Undo) -> str | None:
-        ctx = Context(
-            dry_run=self.dry_run,
-            clock=self.clock,
-            host=self.host,
-            cancel=threading.Event(),
-            power=self.power,
-        )
-        try:
-            result = registry.undoer(undo.kind)(undo, ctx)
-        except Exception:
-            log.exception("undo %s failed", undo.kind)
-            return None
-        log.info("undo=%s pid=%s gpu=%s result=%s", undo.kind, undo.pid, undo.gpu, result.state)
-        self.stats.undone += 1
-        return result.state
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -431,8 +313,8 @@ class Runtime:
         if result.ok:
             closed = self.engine.replace(result.playbooks, result.config, now)
             self.config = result.config
-            self.rails = Rails(result.config.safety, self.journal)
-            self.dry_run = self._forced_dry_run or result.config.dry_run
+            self.steps.rails = Rails(result.config.safety, self.journal)
+            self.steps.dry_run = self._forced_dry_run or result.config.dry_run
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:
@@ -458,9 +340,7 @@ class Runtime:
 
     def _settle(self) -> None:
         """Let steps that are still running finish, within the shutdown grace."""
-        if self._running:
-            wait(list(self._running.values()), timeout=self.config.safety.shutdown_grace)
-        self._drain()
+        self.steps.settle(self.config.safety.shutdown_grace)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -468,21 +348,13 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.stopping.set()
-        self.cancel.set()
-        if self._running:
-            _done, pending = wait(
-                list(self._running.values()), timeout=self.config.safety.shutdown_grace
-            )
-            for future in pending:
-                log.error("a step was still running at shutdown; its outcome is not recorded")
-                future.cancel()
-        self._drain()
+        self.steps.stop(self.config.safety.shutdown_grace)
         if self.rounds is not None:  # a reap in flight records what it terminated
             self.rounds.wait(self.config.safety.shutdown_grace)
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.config.safety.restore_on_exit:
             for row in self.journal.pending_undos():
-                self._undo(row)
+                self.steps.undo(row)
         with self._source_lock:
             self.source.close()
         if self.notifications is not None:
