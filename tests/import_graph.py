@@ -37,6 +37,7 @@ GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
             "gpuwarden.timewindow",
             "gpuwarden.timewindow_parse",
             "gpuwarden.job",
+            "gpuwarden.pathsafety",
             "gpuwarden.sdnotify",
             "gpuwarden.cloud.tags",
         ),

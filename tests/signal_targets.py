@@ -3,11 +3,15 @@ and signal executor tests)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +29,16 @@ from gpuwarden.sources.spawn import Standin, spawn
 
 NOBODY = 65534
 IS_ROOT = os.geteuid() == 0
+
+
+@functools.cache
+def session_spool() -> Path:
+    """The session's acknowledgement spool: a fresh directory of this user, mode 0755, in the
+    system's temporary directory (a root-owned sticky directory, which the checks accept)."""
+    path = Path(tempfile.mkdtemp(prefix="gpuwarden-spool-"))
+    path.chmod(0o755)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -89,11 +103,13 @@ def intent(kind: str, *targets: Target, params: object = None, shadow: bool = Fa
 
 
 def real(dry_run: bool = False, **kw: Any) -> Context:
+    kw.setdefault("ack_spool", session_spool())
     return Context(dry_run=dry_run, clock=SystemClock(), **kw)
 
 
 def fast(dry_run: bool = False, **kw: Any) -> Context:
     """A context on a simulated clock: waits end at once (for timeouts, not for reactions)."""
+    kw.setdefault("ack_spool", session_spool())
     return Context(dry_run=dry_run, clock=SimClock(), **kw)
 
 
@@ -142,6 +158,7 @@ class Processes:
             self.workdir / name,
             on_term=on_term,
             ack=ack,
+            ack_spool=session_spool(),
         )
         self.standins.append(standin)
         return standin

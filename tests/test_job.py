@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -57,10 +58,12 @@ def run_job(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
 def test_a_job_acknowledges_each_checkpoint(
     tmp_path: Path, declared: dict[str, str], sig: signal.Signals
 ) -> None:
+    own = tmp_path / str(os.getuid())  # made by the daemon before it asks
+    own.mkdir(mode=0o700)
     child = run_job(tmp_path, declared)
     assert child.stdout is not None
     assert child.stdout.readline().split() == ["ready", sig.name]
-    ack = tmp_path / f"{child.pid}.ack"
+    ack = own / f"{child.pid}.ack"
     for n in (1, 2):
         os.kill(child.pid, sig)
         assert child.stdout.readline().split() == ["saved", str(n)]
@@ -69,7 +72,8 @@ def test_a_job_acknowledges_each_checkpoint(
         assert record["signal"] == sig.name
         assert record["detail"] == f"checkpoint {n}"
     assert child.wait(timeout=10) == 0
-    assert not list(tmp_path.glob(".*.tmp"))  # written by rename, nothing left half-done
+    assert not list(own.glob(".*.tmp"))  # written by rename, nothing left half-done
+    assert stat.S_IMODE(ack.stat().st_mode) == 0o600
 
 
 @pytest.mark.parametrize(

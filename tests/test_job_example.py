@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
@@ -88,8 +87,9 @@ def example(tmp_path: Path) -> Iterator[list[Example]]:
 def test_the_example_checkpoints_on_request_and_acknowledges(
     tmp_path: Path, example: list[Example], declared: dict[str, str], sig: signal.Signals
 ) -> None:
-    ack_dir = tmp_path / "ack"
-    env = {"GPUWARDEN_ACK_DIR": str(ack_dir), **declared}
+    spool = tmp_path / "spool"
+    ack_dir = user_dir(spool)
+    env = {"GPUWARDEN_ACK_DIR": str(spool), **declared}
     ex = Example(tmp_path, "--steps", "1000000", "--step-time", "0.001", **env)
     example.append(ex)
     assert ex.until("ready ") == f"ready pid={ex.proc.pid} model=PlainModel"
@@ -133,16 +133,37 @@ def test_the_example_finishes_and_resumes(tmp_path: Path, example: list[Example]
     assert abs(saved["state"]["b"] - 1.0) < 0.05
 
 
-def test_the_default_ack_dir_is_shared_and_sticky(tmp_path: Path, example: list[Example]) -> None:
-    ex = Example(tmp_path, "--steps", "1000000", "--step-time", "0.001", TMPDIR=str(tmp_path))
+def test_without_its_directory_in_the_spool_the_example_warns_and_goes_on(
+    tmp_path: Path, example: list[Example]
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()  # the daemon has not asked yet: no directory of this user in it
+    ex = Example(
+        tmp_path, "--steps", "1000000", "--step-time", "0.001", GPUWARDEN_ACK_DIR=str(spool)
+    )
     example.append(ex)
     ex.until("ready ")
     ex.proc.send_signal(signal.SIGUSR1)
-    default_dir = tmp_path / "gpuwarden-ack"
-    wait_for(default_dir / f"{ex.proc.pid}.ack")
-    assert stat.S_IMODE(default_dir.stat().st_mode) == 0o1777
+    warning = ex.until("gpuwarden: checkpoint saved but the acknowledgement could not be written")
+    assert f"no acknowledgement directory {spool / str(os.getuid())}" in warning
+    assert list(spool.iterdir()) == []  # the job creates nothing in the spool
+    ex.until("step=")  # and trains on
     ex.proc.send_signal(signal.SIGTERM)
     assert ex.proc.wait(timeout=10) == 0
+
+
+def test_the_default_spool_is_the_daemons() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from gpuwarden import job; print(job.ack_dir(), job.ack_path(7))"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=30,
+        check=True,
+    )
+    spool, path = done.stdout.split()
+    assert spool == "/run/gpuwarden/ack"
+    assert path == f"/run/gpuwarden/ack/{os.getuid()}/7.ack"
 
 
 # -- on_checkpoint and maybe_checkpoint, each in a child process of its own ----------------------
@@ -237,9 +258,18 @@ CASES = {
 }
 
 
+def user_dir(spool: Path) -> Path:
+    """This user's directory in ``spool``, made as the daemon makes it (0700)."""
+    path = spool / str(os.getuid())
+    path.mkdir(mode=0o700, parents=True)
+    return path
+
+
 def run_case(tmp_path: Path, name: str, **env: str) -> tuple[dict[str, Any], str]:
     code = PRELUDE + textwrap.dedent(CASES[name]) + "\nprint(json.dumps(report))\n"
-    env.setdefault("GPUWARDEN_ACK_DIR", str(tmp_path / "ack"))
+    if "GPUWARDEN_ACK_DIR" not in env:
+        env["GPUWARDEN_ACK_DIR"] = str(tmp_path / "ack")
+        user_dir(tmp_path / "ack")
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -304,4 +334,4 @@ def test_an_unwritable_ack_dir_is_logged_and_the_job_goes_on(tmp_path: Path) -> 
     )
     assert report == {"did": True, "pending": False}
     assert "the acknowledgement could not be written" in stderr
-    assert "set GPUWARDEN_ACK_DIR" in stderr
+    assert "GPUWARDEN_ACK_DIR must name gpuwarden's spool" in stderr

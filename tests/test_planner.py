@@ -19,7 +19,7 @@ from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.history import History
 from gpuwarden.engine.planner import Plan, Planner, freed_gpu
 from gpuwarden.engine.protect import ProtectedMatcher
-from gpuwarden.model import GpuProcess, GpuState, Intent, Reason, Target
+from gpuwarden.model import GpuProcess, GpuState, Intent, Memory, Reason, Target
 from gpuwarden.playbook.fields import tick_env
 from gpuwarden.playbook.loader import CompiledStep
 from tests.test_engine import OK, T0, UTC, config, gpu, make_engine, playbooks, proc, snap, xid
@@ -261,8 +261,45 @@ def test_free_until_before_limit(tmp_path: Path) -> None:
     assert chosen(result) == [102]
     assert skipped(result) == [(100, Reason.FREE_UNTIL_MET), (101, Reason.FREE_UNTIL_MET)]
     result = plan(step, by_size(4000, 3000, 2500), state=gpu(0, 96))
-    assert chosen(result) == [100]
-    assert skipped(result) == [(101, Reason.LIMIT_REACHED), (102, Reason.LIMIT_REACHED)]
+    assert chosen(result) == [100]  # the limit takes the first of the two that are needed
+    assert sorted(skipped(result)) == [(101, Reason.LIMIT_REACHED), (102, Reason.FREE_UNTIL_MET)]
+
+
+def decoys_and_hog() -> list[GpuProcess]:
+    """Five 300 MiB processes declared scavenger, and a 79 GB low-priority one."""
+    swarm = [proc(200 + n, mib=300, priority="scavenger") for n in range(5)]
+    return [*swarm, proc(300, mib=79_000, priority="low")]
+
+
+@pytest.mark.parametrize("limit", ["", ", limit: 5", ", limit: 1"])
+def test_a_decoy_swarm_cannot_shield_the_process_that_frees_the_memory(
+    tmp_path: Path, limit: str
+) -> None:
+    step = compiled_step(
+        tmp_path,
+        "kill: {select: process.priority <= low, order: [priority, -gpu_memory_mib],"
+        f" free_until: gpu.memory.used_pct < 80{limit}}}",
+    )
+    a100 = GpuState(index=0, memory=Memory(total_mib=81_920, used_mib=80_500, free_mib=1_420))
+    result = plan(step, decoys_and_hog(), state=a100)
+    assert chosen(result) == [300]
+    assert sorted(skipped(result)) == [(200 + n, Reason.FREE_UNTIL_MET) for n in range(5)]
+
+
+def test_needless_targets_are_let_go_the_most_important_first(tmp_path: Path) -> None:
+    # 96 % full: 6001 MiB must go. Lowest class first takes 100 (5000) and 101 (900), not
+    # enough, then 102 (5000): enough. Without 101 it still is: 101 goes free; 100 and 102
+    # are both needed. Among equals the lower class (100) is kept before the higher (102).
+    procs = [
+        proc(100, mib=5000, priority="scavenger"),
+        proc(101, mib=900, priority="scavenger"),
+        proc(102, mib=5000, priority="low"),
+        proc(103, mib=7000, priority="normal"),
+    ]
+    step = compiled_step(tmp_path, "kill: {order: [priority, -gpu_memory_mib], " + FREE[7:])
+    result = plan(step, procs, state=gpu(0, 96))
+    assert chosen(result) == [100, 102]
+    assert sorted(skipped(result)) == [(101, Reason.FREE_UNTIL_MET), (103, Reason.FREE_UNTIL_MET)]
 
 
 def test_free_until_on_a_gpu_of_unknown_memory_never_holds(tmp_path: Path) -> None:
@@ -419,7 +456,10 @@ def test_an_event_rule_projects_only_the_memory_freed_on_its_gpu(tmp_path: Path)
     procs = [proc(10, gpu=1, mib=50000, priority="low"), proc(11, gpu=0, mib=8000)]
     frame = snap(gpu(0, 96), gpu(1, 60), procs=procs, events=[xid(79, 0)])
     (intent,) = engine.step(frame, T0).intents
-    assert chosen(intent) == [10, 11]
+    # Taken first (lowest class), it did not make free_until hold; 11 did, and alone: 10 is
+    # let go rather than killed for nothing.
+    assert chosen(intent) == [11]
+    assert skipped(intent) == [(10, Reason.FREE_UNTIL_MET)]
 
 
 HOST_RULE = """

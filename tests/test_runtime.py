@@ -17,6 +17,7 @@ from gpuwarden.playbook import loader
 from gpuwarden.runtime import Runtime
 from gpuwarden.sources.procs import Attributor
 from gpuwarden.sources.scenario import ScenarioSource
+from tests.signal_targets import session_spool
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEED = 40.0
@@ -34,7 +35,8 @@ def scenario_copy(tmp_path: Path, end: str = "4m30s", extra: str = "") -> Path:
 @pytest.fixture
 def cfg() -> Config:
     # The stand-ins run as whoever runs the tests (root in CI): do not protect root here.
-    return config_mod.load(ROOT / "config" / "demo.yaml")
+    loaded = config_mod.load(ROOT / "config" / "demo.yaml")
+    return loaded.model_copy(update={"ack_spool": session_spool()})
 
 
 class Run:
@@ -57,6 +59,7 @@ class Run:
             priorities=cfg.priorities,
             attributor=Attributor(cfg.priorities),
             workdir=tmp_path / "jobs",
+            ack_spool=cfg.ack_spool,
         )
         self.clock = ScaledClock(SPEED)
         self.source.start_time = self.clock.now() - at
@@ -242,6 +245,51 @@ rules:
         assert journal.breaker() is not None
         assert journal.reset_breaker(time.time())
         assert journal.breaker() is None
+    finally:
+        journal.close()
+
+
+def outcomes(journal_path: Path, kind: str) -> list[dict[str, Any]]:
+    """The per-target outcome records of every ``kind`` step in the journal."""
+    journal = Journal.open_readonly(journal_path)
+    try:
+        return [
+            row.data
+            for incident in journal.incidents()
+            for row in journal.timeline(incident.id)
+            if row.kind == "outcome" and row.data.get("step_kind") == kind
+        ]
+    finally:
+        journal.close()
+
+
+def test_the_decoy_drill_kills_the_hog_and_plans_trip_no_breaker(
+    tmp_path: Path, cfg: Config
+) -> None:
+    # The breaker at 3: a plan of six (five decoys and the hog) counted whole would trip it.
+    rails = cfg.safety.model_copy(update={"breaker": config_mod.Limit(actions=3, window=600.0)})
+    guarded = cfg.model_copy(update={"safety": rails})
+    text = (ROOT / "scenarios" / "decoy-swarm.yaml").read_text()
+    scenario = tmp_path / "decoy-swarm.yaml"
+    scenario.write_text(text.replace("  - at: 5m\n    end: true", "  - at: 3m\n    end: true"))
+    playbook = ROOT / "playbooks" / "memory-pressure.yaml"
+    assert [step for step in drill_steps(scenario, guarded, playbook) if step[0] == "kill"] == [
+        ("kill", ("hog",))
+    ]
+    run = Run(tmp_path, guarded, scenario, playbook)
+    stats = run.runtime().run()
+    assert stats.refused == 0
+    assert [
+        (run.source.job_of(o["pid"]), o["state"]) for o in outcomes(run.journal_path, "kill")
+    ] == [("hog", "terminated")]
+    assert run.signals("hog")[-1] == "exit SIGTERM"
+    for n in range(1, 6):  # never signalled (the run's end stopped them with SIGKILL)
+        decoy = run.source.standins[f"decoy-{n}"]
+        assert decoy.signals() == [f"ready pid={decoy.pid}"]
+    journal = Journal.open_readonly(run.journal_path)
+    try:
+        assert journal.breaker() is None
+        assert journal.actions_since(0) == 1
     finally:
         journal.close()
 

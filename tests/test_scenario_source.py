@@ -202,10 +202,13 @@ def test_spawned_jobs_are_real_processes_with_real_attribution(tmp_path: Path) -
 
 
 def test_spawned_job_acknowledges_a_checkpoint_signal(tmp_path: Path) -> None:
-    with ScenarioSource.open(write(tmp_path, SPAWNED)) as source:
+    spool = tmp_path / "spool"
+    with ScenarioSource.open(write(tmp_path, SPAWNED), ack_spool=spool) as source:
         standin = source.standins["trainer"]
+        assert standin.ack_dir == spool
+        ack = standin.ack_file
+        ack.parent.mkdir(mode=0o700, parents=True)  # what the daemon does before it asks
         os.kill(standin.pid, signal.SIGUSR1)
-        ack = standin.ack_dir / f"{standin.pid}.ack"
         wait_for(ack.exists)
         wait_for(lambda: "ack SIGUSR1" in standin.signals())
         assert standin.signals()[:2] == [f"ready pid={standin.pid}", "signal SIGUSR1"]

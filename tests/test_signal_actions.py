@@ -9,8 +9,7 @@ import time
 import psutil
 import pytest
 
-from gpuwarden.actions import checkpoint, renice, resume, suspend
-from gpuwarden.actions.pin import pin
+from gpuwarden.actions import checkpoint, renice, resume, spool, suspend
 from gpuwarden.model import Undo
 from gpuwarden.playbook.schema import (
     CheckpointParams,
@@ -94,10 +93,15 @@ def test_checkpoint_of_a_stopped_job_says_why_it_cannot_answer(procs) -> None:
     assert "stopped" in outcome.targets[0].detail
 
 
+def own_dir(job) -> None:
+    """The job's user's directory in the spool, as the daemon makes it."""
+    job.ack_file.parent.mkdir(mode=0o700, exist_ok=True)
+
+
 def test_checkpoint_removes_a_stale_ack_first(procs) -> None:
     job = procs.job(ack="never")
-    job.ack_dir.mkdir(parents=True, exist_ok=True)
-    stale = job.ack_dir / f"{job.pid}.ack"
+    own_dir(job)
+    stale = job.ack_file
     stale.write_text(json.dumps({"pid": job.pid, "detail": "from an earlier request"}))
     outcome = checkpoint.execute(
         intent("checkpoint", job_target(job), params=CheckpointParams(wait=60)), fast()
@@ -107,17 +111,17 @@ def test_checkpoint_removes_a_stale_ack_first(procs) -> None:
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to give the file another owner")
-def test_an_old_ack_owned_by_someone_else_stays_and_is_not_an_answer(procs) -> None:
+def test_an_old_ack_owned_by_someone_else_is_removed_before_the_request(procs) -> None:
     job = procs.job(ack="never")
-    job.ack_dir.mkdir(parents=True, exist_ok=True)
-    planted = job.ack_dir / f"{job.pid}.ack"
+    own_dir(job)
+    planted = job.ack_file
     planted.write_text(json.dumps({"pid": job.pid}))
     os.chown(planted, NOBODY, NOBODY)
     outcome = checkpoint.execute(
         intent("checkpoint", job_target(job), params=CheckpointParams(wait=60)), fast()
     )
     assert [t.state for t in outcome.targets] == ["timed_out"]
-    assert planted.exists()
+    assert not planted.exists()  # the spool is gpuwarden's: nothing in it outlives a request
 
 
 def logged_at(job, line: str) -> float:
@@ -181,24 +185,55 @@ def test_checkpoint_stops_waiting_when_cancelled(procs) -> None:
     assert ctx.clock.monotonic() == 0
 
 
-def test_a_relative_ack_dir_is_the_jobs_own(procs, tmp_path) -> None:
-    job = procs.job()
-    target = target_for(job.pid, ack_dir="ack")
-    with pin(target) as pinned:
-        assert checkpoint.ack_file(target, pinned) == job.ack_dir / f"{job.pid}.ack"
+def test_the_jobs_own_ack_dir_is_not_where_gpuwarden_reads(procs) -> None:
+    job = procs.job(ack="never")
+    target = job_target(job, ack_dir="/tmp/gpuwarden-ack")
+    outcome = checkpoint.execute(
+        intent("checkpoint", target, params=CheckpointParams(wait=5)), fast()
+    )
+    assert [t.state for t in outcome.targets] == ["timed_out"]
+    assert "the job's GPUWARDEN_ACK_DIR is /tmp/gpuwarden-ack" in outcome.targets[0].detail
+    assert str(job.ack_dir) in outcome.targets[0].detail
 
 
-@pytest.mark.parametrize("kind", ["symlink", "fifo", "other_pid"])
-def test_an_ack_that_is_not_a_plain_answer_is_not_taken(tmp_path, kind) -> None:
-    path = tmp_path / "4242.ack"
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("symlink", "is a symbolic link"),
+        ("fifo", "is not a regular file"),
+        ("directory", "is not a regular file"),
+        ("other_pid", None),
+        ("huge", "larger than 65536 bytes"),
+        ("deep", "nested deeper than 8 levels"),
+    ],
+)
+def test_an_ack_that_is_not_a_plain_answer_is_not_taken(tmp_path, kind, why) -> None:
+    folder = tmp_path / str(os.getuid())
+    folder.mkdir(mode=0o700)
+    path = folder / "4242.ack"
     if kind == "symlink":
         (tmp_path / "real").write_text("{}")
         path.symlink_to(tmp_path / "real")
     elif kind == "fifo":
-        os.mkfifo(path)  # a reader that blocked here would hang the daemon
+        os.mkfifo(path, 0o600)  # a reader that blocked here would hang the daemon
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "huge":
+        path.write_text(json.dumps({"pid": 4242, "detail": "x" * 70_000}))
+    elif kind == "deep":
+        path.write_text("[" * 65_000)
     else:
         path.write_text(json.dumps({"pid": 1}))
-    assert checkpoint.read_ack(path, 4242, None) is None
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        answer = spool.read(fd, str(folder), path.name, os.getuid(), 4242)
+    finally:
+        os.close(fd)
+    if why is None:
+        assert answer == spool.NOTHING
+    else:
+        assert answer.state == "rejected"
+        assert why in answer.detail
 
 
 # -- suspend and resume ------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_dry_run_touches_nothing_and_says_what_it_would_do(procs, kind, how) -> 
     assert outcome.undo == ()
     for j in jobs:
         untouched(j)
-        assert not (j.ack_dir / f"{j.pid}.ack").exists()
+        assert not j.ack_file.exists()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -124,8 +124,8 @@ def test_dry_run_reports_gone_and_reused_exactly_like_a_real_run(procs, kind) ->
 
 def test_an_existing_ack_is_left_in_place_by_a_dry_run(procs) -> None:
     job = procs.job()
-    job.ack_dir.mkdir(parents=True, exist_ok=True)
-    ack = job.ack_dir / f"{job.pid}.ack"
+    job.ack_file.parent.mkdir(mode=0o700, exist_ok=True)
+    ack = job.ack_file
     ack.write_text("{}")
     outcome = run("checkpoint", fast(dry_run=True), job_target(job))
     assert [t.state for t in outcome.targets] == ["would"]

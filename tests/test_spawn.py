@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.sources.spawn import Standin, spawn
+from tests.signal_targets import session_spool
 
 
 def cmdline_of(pid: int) -> list[str]:
@@ -34,6 +35,7 @@ def started(tmp_path: Path):
     standins: list[Standin] = []
 
     def start(cmdline: tuple[str, ...], env: dict[str, str] | None = None, **kw) -> Standin:
+        kw.setdefault("ack_spool", session_spool())
         s = spawn("job", cmdline, env or {}, tmp_path / f"job{len(standins)}", **kw)
         standins.append(s)
         return s
@@ -108,12 +110,25 @@ def test_ack_never_and_delayed(started) -> None:
     env = {"GPUWARDEN_CHECKPOINT_SIGNAL": "SIGUSR2"}
     silent = started(("python", "a.py"), env, ack="never")
     slow = started(("python", "b.py"), env, ack="0.3")
+    slow.ack_file.parent.mkdir(mode=0o700, exist_ok=True)  # as the daemon makes it
     for s in (silent, slow):
         os.kill(s.pid, signal.SIGUSR2)
     wait_until(lambda: "ack SIGUSR2" in slow.signals())
-    assert (slow.ack_dir / f"{slow.pid}.ack").exists()
+    assert slow.ack_file.exists()
     assert silent.signals() == [f"ready pid={silent.pid}", "signal SIGUSR2"]
-    assert not (silent.ack_dir / f"{silent.pid}.ack").exists()
+    assert not silent.ack_file.exists()
+
+
+def test_the_spool_is_the_daemons_unless_the_job_names_its_own(tmp_path: Path) -> None:
+    plain = spawn("a", ("python", "a.py"), {}, tmp_path / "a", ack_spool=tmp_path / "spool")
+    own = spawn("b", ("python", "b.py"), {"GPUWARDEN_ACK_DIR": "/elsewhere"}, tmp_path / "b")
+    try:
+        assert environ_of(plain.pid)["GPUWARDEN_ACK_DIR"] == str(tmp_path / "spool")
+        assert plain.ack_file == tmp_path / "spool" / str(os.getuid()) / f"{plain.pid}.ack"
+        assert environ_of(own.pid)["GPUWARDEN_ACK_DIR"] == "/elsewhere"
+    finally:
+        plain.stop()
+        own.stop()
 
 
 def test_non_checkpoint_signals_are_only_logged(started) -> None:

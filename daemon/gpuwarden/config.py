@@ -329,9 +329,11 @@ class Limit(_Strict):
 class Safety(_Strict):
     """Rails for destructive steps (suspend, kill, power_cap, exec, provision).
 
-    ``per_rule`` and ``overall`` refuse a step that would exceed them. The ``breaker`` trips
-    when that many destructive actions happened within its window: every destructive step is
-    then refused until ``gpuwarden reset-breaker``, and the admin target is told."""
+    ``per_rule`` and ``overall`` trim a step that would exceed them to the processes they have
+    room for, in the planned order, and refuse it when there is none. Only actions carried
+    out count. The ``breaker`` trips when that many destructive actions were carried out
+    within its window: every destructive step is then refused until ``gpuwarden
+    reset-breaker``, and the admin target is told."""
 
     per_rule: Limit = Limit(actions=5, window=600.0)
     overall: Limit = Limit(actions=20, window=600.0)
@@ -362,6 +364,9 @@ class Config(_Strict):
     source: str = "nvml"
     playbooks: Path = Path("/etc/gpuwarden/playbooks")
     state_dir: Path = Path("/var/lib/gpuwarden")
+    # Where jobs acknowledge checkpoint requests: root-owned, one directory per user in it
+    # (docs/jobs.md). Jobs must see it at the same path (GPUWARDEN_ACK_DIR when not this).
+    ack_spool: Path = Path("/run/gpuwarden/ack")
     dry_run: bool = False
     timezone: str = "UTC"
     priorities: Priorities = Priorities()
@@ -371,6 +376,13 @@ class Config(_Strict):
     safety: Safety = Safety()
     metrics: MetricsConfig = MetricsConfig()
     reload: ReloadConfig = ReloadConfig()
+
+    @field_validator("ack_spool")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError(f"{value} is not an absolute path; the default is /run/gpuwarden/ack")
+        return value
 
     @field_validator("timezone")
     @classmethod

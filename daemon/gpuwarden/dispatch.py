@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.actions import registry
@@ -24,7 +25,7 @@ from gpuwarden.clock import Clock
 from gpuwarden.engine.engine import Engine
 from gpuwarden.model import Intent, Outcome, Undo
 from gpuwarden.notify.service import Notifications
-from gpuwarden.safety import Rails
+from gpuwarden.safety import Admission, Rails
 from gpuwarden.sources import Source
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
@@ -52,8 +53,9 @@ class RunStats:
 
 
 class Dispatcher:
-    """Runs the steps the engine asked for, and their undos. ``rails`` and ``dry_run`` are
-    replaced when a reload is applied; ``cancel`` tells running steps to stop waiting."""
+    """Runs the steps the engine asked for, and their undos. ``dry_run`` and ``ack_spool``
+    are replaced when a reload is applied (``rails`` updated in place); ``cancel`` tells
+    running steps to stop waiting."""
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class Dispatcher:
         cloud: CloudService | None = None,
         notifications: Notifications | None = None,
         metrics: Metrics | None = None,
+        ack_spool: Path | None = None,
     ) -> None:
         self.journal = journal
         self.engine = engine
@@ -87,43 +90,43 @@ class Dispatcher:
         self.cloud = cloud
         self.notifications = notifications
         self.metrics = metrics
+        self.ack_spool = ack_spool  # replaced when a reload is applied
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
         self._running: dict[str, Future[None]] = {}
+        # intent id -> (the intent as journaled, what the rails let run), until it finishes
+        self._admitted: dict[str, tuple[Intent, Admission]] = {}
 
     # -- steps ------------------------------------------------------------------------------
 
     def dispatch(self, intent: Intent, now: float) -> None:
-        """Hand a journaled intent to its executor, unless the rails refuse it."""
+        """Hand a journaled intent to its executor, unless the rails refuse it; a step over
+        the room the limits leave runs on its first targets only (``safety.Rails.admit``)."""
         self.stats.intents += 1
-        refused = self.rails.refuse(intent, now)
-        if refused is not None:
+        admission = self.rails.admit(intent, now)
+        if admission.refused is not None:
             self.stats.refused += 1
             log.warning(
                 "action=%s rule=%s incident=%s refused: %s",
                 intent.kind,
                 intent.rule,
                 intent.incident,
-                refused,
+                admission.refused,
             )
             if self.metrics is not None:
                 self.metrics.observe_step(intent.kind, "refused")
-            self._finish(intent, Outcome(ok=False, detail=f"refused: {refused}"), counted=True)
+            outcome = Outcome(ok=False, detail=f"refused: {admission.refused}")
+            self._finish(intent, outcome, counted=True)
             return
-        tripped = self.rails.record(intent, now)
-        if tripped is not None:
-            log.error(
-                "circuit breaker tripped: %s; destructive steps halt until "
-                "`gpuwarden reset-breaker`",
-                tripped,
+        if admission.dropped:
+            log.warning(
+                "action=%s rule=%s incident=%s trimmed: %s",
+                intent.kind,
+                intent.rule,
+                intent.incident,
+                admission.note,
             )
-            if self.notifications is not None:
-                self.notifications.admin(
-                    f"gpuwarden on {self.host}: circuit breaker tripped",
-                    f"{tripped}. Destructive steps are halted until someone runs "
-                    "`gpuwarden reset-breaker` on this host.",
-                    now,
-                )
+        runs = admission.intent
         ctx = Context(
             dry_run=self.dry_run or intent.shadow,
             clock=self.clock,
@@ -131,10 +134,12 @@ class Dispatcher:
             cancel=self.cancel,
             power=self.power,
             cloud=self.cloud,
-            facts=self._facts(intent),
-            still_needed=self._still_needed(intent) if intent.kind == "kill" else None,
+            facts=self._facts(runs),
+            still_needed=self._still_needed(runs) if intent.kind == "kill" else None,
+            ack_spool=self.ack_spool,
         )
-        self._running[intent.id] = self.pool.submit(self._execute, intent, ctx)
+        self._admitted[intent.id] = (intent, admission)
+        self._running[intent.id] = self.pool.submit(self._execute, runs, ctx)
 
     def _execute(self, intent: Intent, ctx: Context) -> None:
         try:
@@ -180,7 +185,28 @@ class Dispatcher:
             except queue.Empty:
                 return
             self._running.pop(intent.id, None)
-            self._finish(intent, outcome)
+            journaled, admission = self._admitted.pop(intent.id, (intent, Admission(intent)))
+            self._count(journaled, outcome)
+            self._finish(journaled, admission.completed(outcome))
+
+    def _count(self, intent: Intent, outcome: Outcome) -> None:
+        """Count what a finished step did against the rails; tell the admin if it trips the
+        circuit breaker."""
+        now = self.clock.now()
+        tripped = self.rails.finish(intent, outcome, now)
+        if tripped is None:
+            return
+        log.error(
+            "circuit breaker tripped: %s; destructive steps halt until `gpuwarden reset-breaker`",
+            tripped,
+        )
+        if self.notifications is not None:
+            self.notifications.admin(
+                f"gpuwarden on {self.host}: circuit breaker tripped",
+                f"{tripped}. Destructive steps are halted until someone runs "
+                "`gpuwarden reset-breaker` on this host.",
+                now,
+            )
 
     def _finish(self, intent: Intent, outcome: Outcome, *, counted: bool = False) -> None:
         if self.metrics is not None and not counted:

@@ -24,20 +24,22 @@ The long way, with the same effect::
             job.acknowledge()          # tells gpuwarden the checkpoint is safely written
 
 The signal handler only sets a flag: the job saves at a safe point of its own loop, then
-acknowledges, which writes ``<ack dir>/<pid>.ack`` (JSON: ``pid``, ``signal``, ``time``,
-``detail``) by writing a temporary file and renaming it. The ack directory comes from
-``GPUWARDEN_ACK_DIR``, else ``DEFAULT_ACK_DIR`` (created shared and sticky, like /tmp, so that
-every user's jobs can write there). gpuwarden waits for that file after signalling.
-docs/jobs.md has the whole protocol.
+acknowledges, which writes ``<spool>/<uid>/<pid>.ack`` (JSON: ``pid``, ``signal``, ``time``,
+``detail``). The spool is gpuwarden's (``/run/gpuwarden/ack``, or ``GPUWARDEN_ACK_DIR``); the
+daemon creates the directory of each user in it, owned by that user and mode 0700, before it
+asks. The job writes only into a directory it owns that nobody else can write to, with
+``O_CREAT|O_EXCL|O_NOFOLLOW`` under a temporary name that it then renames: it never follows a
+link somebody planted, and gpuwarden never reads half a file. docs/jobs.md has the protocol.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import signal
-import tempfile
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -45,16 +47,25 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-DEFAULT_ACK_DIR = Path(tempfile.gettempdir()) / "gpuwarden-ack"
+DEFAULT_ACK_DIR = Path("/run/gpuwarden/ack")  # the daemon's ack_spool unless configured
 DEFAULT_SIGNAL = "SIGUSR1"
+# The inode of the host's PID namespace (the kernel's PROC_PID_INIT_INO): a process in another
+# one (a container's) names its acknowledgement with its namespace too, since PIDs repeat there.
+INIT_PID_NAMESPACE = 0xEFFFFFFC
 
 _requested = threading.Event()
 _last: dict[str, str] = {}  # the name of the last checkpoint signal received
 _registered: list[Callable[[], object]] = []  # the on_checkpoint function, when there is one
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 logger = logging.getLogger(__name__)
 
 SaveFunction = TypeVar("SaveFunction", bound=Callable[[], object])
+
+
+class UnsafeAckDir(PermissionError):
+    """The acknowledgement directory is not this job's own: nothing is written there."""
 
 
 def signal_from_name(value: str | int | None, default: str = DEFAULT_SIGNAL) -> signal.Signals:
@@ -70,12 +81,35 @@ def signal_from_name(value: str | int | None, default: str = DEFAULT_SIGNAL) -> 
 
 
 def ack_dir() -> Path:
+    """The spool: ``GPUWARDEN_ACK_DIR``, else ``DEFAULT_ACK_DIR``."""
     return Path(os.environ.get("GPUWARDEN_ACK_DIR") or DEFAULT_ACK_DIR)
 
 
-def ack_path(pid: int, directory: Path | None = None) -> Path:
-    """Where the job with ``pid`` writes its acknowledgement."""
-    return (directory or ack_dir()) / f"{pid}.ack"
+def user_ack_dir(spool: Path | None = None, uid: int | None = None) -> Path:
+    """The directory of one user (default: this process's) in the spool."""
+    return (spool or ack_dir()) / str(os.getuid() if uid is None else uid)
+
+
+def pid_namespace() -> int | None:
+    """This process's PID namespace (its inode), None for the host's or when unknown."""
+    try:
+        inode = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return None if inode == INIT_PID_NAMESPACE else inode
+
+
+def ack_name(pid: int, namespace: int | None = None) -> str:
+    """``<pid>.ack``; ``<pid>-pidns<inode>.ack`` for a PID of another PID namespace."""
+    if namespace is None or namespace == INIT_PID_NAMESPACE:
+        return f"{pid}.ack"
+    return f"{pid}-pidns{namespace}.ack"
+
+
+def ack_path(pid: int | None = None, spool: Path | None = None) -> Path:
+    """Where this process (or the process ``pid`` of this user and PID namespace) writes its
+    acknowledgement."""
+    return user_ack_dir(spool) / ack_name(os.getpid() if pid is None else pid, pid_namespace())
 
 
 def _handler(signum: int, _frame: FrameType | None) -> None:
@@ -114,40 +148,80 @@ def wait_for_request(timeout: float | None = None) -> bool:
     return _requested.wait(timeout)
 
 
-def _make_dir(directory: Path) -> None:
-    if directory != DEFAULT_ACK_DIR:
-        directory.mkdir(parents=True, exist_ok=True)
-        return
-    try:  # the shared default: every user's jobs write here, none may remove another's file
-        directory.mkdir(mode=0o1777)
+def _open_own_dir(directory: Path) -> int:
+    """A descriptor of ``directory`` if it is this job's own: a real directory (not a link),
+    owned by this user, writable by nobody else. Raises UnsafeAckDir or OSError."""
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"no acknowledgement directory {directory}: gpuwarden creates it when it asks "
+            "for a checkpoint (is GPUWARDEN_ACK_DIR the daemon's ack_spool?)",
+        ) from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeAckDir(
+                f"{directory} is a symbolic link or not a directory: refusing to write there"
+            ) from None
+        raise
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f"owned by uid {st.st_uid}, not by this job's uid {os.geteuid()}"
+    elif st.st_mode & 0o022:
+        problem = f"writable by group or others (mode {stat.filemode(st.st_mode)})"
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeAckDir(f"{directory} is {problem}: refusing to write there")
+    return fd
+
+
+def _create(directory: int, name: str, data: bytes) -> None:
+    """Write a new file ``name`` in ``directory``: never through a link, never into a file
+    that was already there."""
+    try:
+        fd = os.open(name, _NEW_FILE, 0o600, dir_fd=directory)
     except FileExistsError:
-        return
-    directory.chmod(0o1777)  # mkdir's mode passed through the umask
+        # A leftover of an earlier attempt in this job's own directory. Removing a link
+        # removes the link itself, never what it points to.
+        os.unlink(name, dir_fd=directory)
+        fd = os.open(name, _NEW_FILE, 0o600, dir_fd=directory)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
 
 
-def _write_ack(detail: str, directory: Path | None, signal_name: str | None) -> Path:
-    target = ack_path(os.getpid(), directory)
-    _make_dir(target.parent)
+def _write_ack(detail: str, spool: Path | None, signal_name: str | None) -> Path:
+    directory = user_ack_dir(spool)
+    name = ack_name(os.getpid(), pid_namespace())
     record = {
         "pid": os.getpid(),
         "signal": signal_name or _last.get("signal"),
         "time": time.time(),
         "detail": detail,
     }
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
-    tmp.replace(target)
-    return target
+    fd = _open_own_dir(directory)
+    try:
+        tmp = f".{name}.{os.getpid()}.tmp"
+        _create(fd, tmp, (json.dumps(record) + "\n").encode("utf-8"))
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+    return directory / name
 
 
 def acknowledge(
-    detail: str = "", directory: Path | None = None, signal_name: str | None = None
+    detail: str = "", spool: Path | None = None, signal_name: str | None = None
 ) -> Path:
     """Record that the requested checkpoint is written; returns the ack file's path.
 
-    The file is written to a temporary name and renamed, so gpuwarden never reads half of it.
+    ``spool`` defaults to ``GPUWARDEN_ACK_DIR``, else ``DEFAULT_ACK_DIR``. Raises
+    ``UnsafeAckDir`` (a PermissionError) when this user's directory there is not the job's
+    own (another owner, writable by others, a link), ``FileNotFoundError`` when it does not
+    exist yet. The file is written to a temporary name and renamed, so gpuwarden never reads
+    half of it.
     """
-    target = _write_ack(detail, directory, signal_name)
+    target = _write_ack(detail, spool, signal_name)
     _requested.clear()
     return target
 
@@ -172,8 +246,9 @@ def maybe_checkpoint(fn: Callable[[], object] | None = None) -> bool:
 
     A request arriving while the function runs is kept for the next safe point. If the
     function raises, nothing is acknowledged, the request stays pending and the exception
-    propagates. If the ack file cannot be written (the directory is not writable), that is
-    logged and the job goes on: gpuwarden will count the request as timed out.
+    propagates. If the ack file cannot be written (no directory, or one that is not the
+    job's own), that is logged and the job goes on: gpuwarden will count the request as
+    timed out.
     """
     if not _requested.is_set():
         return False
@@ -195,7 +270,7 @@ def maybe_checkpoint(fn: Callable[[], object] | None = None) -> bool:
     except OSError as exc:
         logger.warning(
             "gpuwarden: checkpoint saved but the acknowledgement could not be written (%s); "
-            "set GPUWARDEN_ACK_DIR to a directory this job can write",
+            "GPUWARDEN_ACK_DIR must name gpuwarden's spool (its ack_spool)",
             exc,
         )
     return True

@@ -92,6 +92,7 @@ class Runtime:
             cloud=cloud,
             notifications=notifications,
             metrics=metrics,
+            ack_spool=config.ack_spool,
         )
 
     @property
@@ -115,6 +116,8 @@ class Runtime:
         for row in self.journal.interrupted():
             log.warning("step %s was in flight when gpuwarden stopped; it is not repeated", row.id)
             self.journal.mark_interrupted(row.id, now)
+            if not row.shadow:
+                self.steps.rails.interrupted(row.rule, row.kind, row.targets, now)
             if row.kind == "suspend":  # it may have stopped jobs before writing their undo
                 for target in row.targets:
                     self.steps.run_undo(
@@ -313,8 +316,9 @@ class Runtime:
         if result.ok:
             closed = self.engine.replace(result.playbooks, result.config, now)
             self.config = result.config
-            self.steps.rails = Rails(result.config.safety, self.journal)
+            self.steps.rails.update(result.config.safety)  # keeps the room reserved
             self.steps.dry_run = self._forced_dry_run or result.config.dry_run
+            self.steps.ack_spool = result.config.ack_spool
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:

@@ -15,6 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from gpuwarden.clock import Clock
@@ -68,6 +69,7 @@ class Context:
     still_needed: Callable[[], bool] | None = None
     facts: dict[str, str] = field(default_factory=dict)  # incident facts for exec's environment
     cloud: CloudProvisioner | None = None
+    ack_spool: Path | None = None  # the config's ack_spool (None: job.DEFAULT_ACK_DIR)
 
     def wait(self, seconds: float) -> bool:
         """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""

@@ -4,23 +4,20 @@ The signal is the one the job declared (``GPUWARDEN_CHECKPOINT_SIGNAL``, carried
 a job that handles only SIGUSR2 would be terminated by a SIGUSR1 it does not catch. A job that
 declared none gets the step's ``signal``, else SIGUSR1.
 
-The job acknowledges by writing ``<ack dir>/<pid>.ack`` (``gpuwarden.job.acknowledge``); the ack
-directory is the job's ``GPUWARDEN_ACK_DIR`` (carried on the target) or ``job.DEFAULT_ACK_DIR``.
-A stale ack for the PID is removed before the signal. Every target is signalled first, then all
-are waited for together, up to the step's ``wait``: each ends ``acknowledged``, ``timed_out``,
-``gone`` (exited without acknowledging) or ``cancelled`` (the daemon is stopping).
-
-The ack directory comes from the job's environment, so the file is handled with care: a file
-owned by someone other than the job is never removed, reads never follow a symlink, never block
-on a FIFO and never read more than ``ACK_READ_LIMIT`` bytes.
+The job acknowledges by writing ``<ack_spool>/<uid>/<pid>.ack`` (``gpuwarden.job.acknowledge``)
+into the directory of its user in gpuwarden's spool (``gpuwarden.actions.spool``), which is
+created, owned by that user and mode 0700, before the job is asked. Where the job itself says
+its acknowledgements go (its ``GPUWARDEN_ACK_DIR``) is never read: it only explains a timeout.
+An old answer is removed before the signal. Every target is signalled first, then all are
+waited for together, up to the step's ``wait``: each ends ``acknowledged``, ``rejected`` (an
+answer that is forged, a link, too big or nested too deep: the reason says which),
+``timed_out``, ``gone`` (exited without acknowledging) or ``cancelled`` (the daemon is
+stopping). A target whose user's directory cannot be trusted is not signalled (``refused``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import stat
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from gpuwarden import job
+from gpuwarden.actions import spool
 from gpuwarden.actions.base import Context, log_action, summarise
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import PinError, Pinned, pin
@@ -35,8 +33,6 @@ from gpuwarden.model import Intent, Outcome, Target, TargetResult
 from gpuwarden.playbook.schema import CheckpointParams
 
 POLL_S = 0.05
-ACK_READ_LIMIT = 64 * 1024
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -44,9 +40,26 @@ class _Waiting:
     index: int
     target: Target
     pinned: Pinned
-    ack: Path
-    stale: tuple[int, int] | None  # (inode, mtime) of an old ack that could not be removed
+    ack: _Ack
     stopped: bool  # suspended: the signal waits, unhandled, until the job is resumed
+
+
+@dataclass(frozen=True)
+class _Ack:
+    """Where one target answers: a descriptor of its user's directory, and the file's name."""
+
+    dir_fd: int
+    shown: str  # the directory's path, for messages
+    name: str
+    uid: int
+    pid: int  # as the job sees itself (in a container, its own PID namespace's number)
+
+    def read(self) -> spool.Answer:
+        """The answer so far; whatever goes wrong reading it fails this target alone."""
+        try:
+            return spool.read(self.dir_fd, self.shown, self.name, self.uid, self.pid)
+        except Exception as exc:
+            return spool.Answer("rejected", f"could not be read ({type(exc).__name__}: {exc})")
 
 
 def choose_signal(target: Target, params: CheckpointParams) -> str:
@@ -59,56 +72,29 @@ def choose_signal(target: Target, params: CheckpointParams) -> str:
         raise ValueError(f"not a signal: {declared!r}") from None
 
 
-def ack_file(target: Target, pinned: Pinned | None = None) -> Path:
-    """Where ``target`` writes its acknowledgement; a relative ack directory is the job's own,
-    relative to its working directory."""
-    directory = Path(target.ack_dir) if target.ack_dir else job.DEFAULT_ACK_DIR
-    if not directory.is_absolute() and pinned is not None:
-        cwd = pinned.cwd()
-        if cwd is not None:
-            directory = cwd / directory
-    return job.ack_path(target.pid, directory)
+def spool_root(ctx: Context) -> Path:
+    return ctx.ack_spool or job.DEFAULT_ACK_DIR
 
 
-def clear_stale(path: Path, owner: int | None) -> tuple[int, int] | None:
-    """Remove an old ack for the PID. Returns the identity of one left in place (not ours to
-    remove, or removal failed) so that it is never mistaken for a new acknowledgement."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if owner is None or st.st_uid == owner:
-        with contextlib.suppress(OSError):
-            path.unlink()
-            return None
-    return (st.st_ino, st.st_mtime_ns)
+def _locate(target: Target, pinned: Pinned, root: Path, root_fd: int, stack: ExitStack) -> _Ack:
+    """The target's answer file; its user's directory is prepared. Raises SpoolError."""
+    uid = target.uid if target.uid is not None else pinned.uid()
+    inner, namespace = pinned.own_pid()
+    dir_fd = spool.user_dir(root_fd, root, uid)
+    stack.callback(os.close, dir_fd)
+    name = job.ack_name(inner, namespace)
+    return _Ack(dir_fd, str(root / str(uid)), name, uid, inner)
 
 
-def read_ack(path: Path, pid: int, stale: tuple[int, int] | None) -> str | None:
-    """The acknowledgement's detail ("" when it has none), or None when there is no new ack."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or (st.st_ino, st.st_mtime_ns) == stale:
-            return None
-        data = os.read(fd, ACK_READ_LIMIT)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        record = json.loads(data.decode("utf-8", errors="replace"))
-    except ValueError:
-        return ""  # an acknowledgement in a format of its own: the file is what counts
-    if not isinstance(record, dict):
-        return ""
-    if record.get("pid") not in (None, pid):
-        return None  # written by another process: not this job's answer
-    detail = record.get("detail")
-    return str(detail) if detail else ""
+def _elsewhere(target: Target, root: Path) -> str:
+    """A note for a timeout when the job said it writes somewhere else."""
+    declared = target.ack_dir
+    if declared and Path(declared) != root:
+        return (
+            f"; the job's GPUWARDEN_ACK_DIR is {declared}, but gpuwarden reads only its "
+            f"spool {root}"
+        )
+    return ""
 
 
 def _params(intent: Intent) -> CheckpointParams | None:
@@ -117,25 +103,32 @@ def _params(intent: Intent) -> CheckpointParams | None:
     return intent.params if isinstance(intent.params, CheckpointParams) else None
 
 
-def _wait(waiting: list[_Waiting], seconds: float, ctx: Context) -> dict[int, TargetResult]:
+def _wait(
+    waiting: list[_Waiting], seconds: float, ctx: Context, root: Path
+) -> dict[int, TargetResult]:
     results: dict[int, TargetResult] = {}
     start = ctx.clock.monotonic()
     deadline = start + seconds
     pending = list(waiting)
     while pending:
         for item in list(pending):
-            answer = read_ack(item.ack, item.target.pid, item.stale)
-            if answer is None and not item.pinned.alive():
-                answer = read_ack(item.ack, item.target.pid, item.stale)  # it may ack, then exit
-                if answer is None:
+            answer = item.ack.read()
+            if answer.state == "none" and not item.pinned.alive():
+                answer = item.ack.read()  # it may acknowledge, then exit
+                if answer.state == "none":
                     results[item.index] = _result(
                         item.target, False, "gone", "exited before acknowledging"
                     )
                     pending.remove(item)
                     continue
-            if answer is not None:
+            if answer.state == "rejected":
+                note = f"acknowledgement rejected: {answer.detail}"
+                results[item.index] = _result(item.target, False, "rejected", note)
+                pending.remove(item)
+            elif answer.state == "ok":
                 took = ctx.clock.monotonic() - start
-                note = f"acknowledged after {took:.2f}s" + (f": {answer}" if answer else "")
+                said = answer.detail
+                note = f"acknowledged after {took:.2f}s" + (f": {said}" if said else "")
                 results[item.index] = _result(item.target, True, "acknowledged", note)
                 pending.remove(item)
         if not pending:
@@ -146,6 +139,7 @@ def _wait(waiting: list[_Waiting], seconds: float, ctx: Context) -> dict[int, Ta
                 note = f"no acknowledgement within {seconds:g}s"
                 if item.stopped:
                     note += " (the process is stopped: it cannot answer until resumed)"
+                note += _elsewhere(item.target, root)
                 results[item.index] = _result(item.target, False, "timed_out", note)
             break
         if not ctx.wait(min(POLL_S, left)):
@@ -167,8 +161,16 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
         return Outcome(ok=False, detail=detail, dry_run=dry)
     results: dict[int, TargetResult] = {}
     signals: dict[int, str] = {}
+    root = spool_root(ctx)
     with ExitStack() as stack:
         waiting: list[_Waiting] = []
+        root_fd: int | None = None
+        unusable = ""
+        try:
+            root_fd = spool.open_root(root)
+            stack.callback(os.close, root_fd)
+        except spool.SpoolError as err:
+            unusable = str(err)
         for index, target in enumerate(intent.targets):
             try:
                 name = choose_signal(target, params)
@@ -178,23 +180,27 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
             signals[index] = name
             try:
                 pinned = stack.enter_context(pin(target))
-                ack = ack_file(target, pinned)
+                if root_fd is None:
+                    raise spool.SpoolError(unusable)
+                ack = _locate(target, pinned, root, root_fd, stack)
                 if dry:
-                    results[index] = _result(
-                        target, True, "would", f"send {name}, wait up to {params.wait:g}s"
-                    )
+                    plan = f"send {name}, wait up to {params.wait:g}s for {ack.shown}/{ack.name}"
+                    results[index] = _result(target, True, "would", plan)
                     continue
-                stale = clear_stale(ack, target.uid)
+                spool.clear(ack.dir_fd, ack.name)
                 stopped = pinned.status() == psutil.STATUS_STOPPED
                 pinned.send(job.signal_from_name(name))
             except PinError as err:
                 results[index] = err.result(target)
                 continue
+            except spool.SpoolError as err:
+                results[index] = _result(target, False, "refused", f"not signalled: {err}")
+                continue
             except (OSError, psutil.Error) as err:
                 results[index] = _result(target, False, "error", str(err))
                 continue
-            waiting.append(_Waiting(index, target, pinned, ack, stale, stopped))
-        results.update(_wait(waiting, params.wait, ctx))
+            waiting.append(_Waiting(index, target, pinned, ack, stopped))
+        results.update(_wait(waiting, params.wait, ctx, root))
     ordered = [results[i] for i in range(len(intent.targets))]
     for index, (target, result) in enumerate(zip(intent.targets, ordered, strict=True)):
         log_action(

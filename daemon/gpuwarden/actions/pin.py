@@ -315,13 +315,32 @@ class Pinned:
         self.verify()
         return changed
 
-    def cwd(self) -> Path | None:
-        """The working directory (for paths the process gave relative to it)."""
-        with contextlib.suppress(OSError):
-            path = Path(os.readlink(_PROC / str(self.pid) / "cwd"))
-            if not self.exited():
-                return path
-        return None
+    def uid(self) -> int:
+        """The real uid. Raises Gone or Denied."""
+        try:
+            uid = int(self._proc.uids().real)
+        except psutil.NoSuchProcess:
+            raise Gone(self.pid, "exited") from None
+        except psutil.AccessDenied:
+            raise Denied(self.pid, "cannot read the process's owner") from None
+        if self.exited():
+            raise Gone(self.pid, "exited")
+        return uid
+
+    def own_pid(self) -> tuple[int, int | None]:
+        """The PID as the process itself sees it and its PID namespace (an inode): in a
+        container both differ from the host's. ``(pid, None)`` when they cannot be read."""
+        inner, namespace = self.pid, None
+        with contextlib.suppress(OSError, ValueError):
+            status = (_PROC / str(self.pid) / "status").read_bytes().decode("ascii", "replace")
+            for line in status.splitlines():
+                if line.startswith("NSpid:"):
+                    inner = int(line.split()[-1])
+                    break
+            namespace = os.stat(_PROC / str(self.pid) / "ns" / "pid").st_ino
+        if self.exited():
+            raise Gone(self.pid, "exited")
+        return inner, namespace
 
 
 def _open(pid: int) -> int:

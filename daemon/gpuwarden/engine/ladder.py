@@ -54,9 +54,12 @@ class Ladder:
         incident.running.pop(index, None)
         incident.finished.add(index)
         if intent.kind == "kill" and not outcome.ok:
-            # A kill that failed did not remove its targets: later steps may choose them.
+            # A target the kill did not end (it failed, or the rails left it out) is still
+            # there: later steps may choose it.
+            ended = {(r.pid, r.create_time) for r in outcome.targets if r.ok}
             for target in intent.targets:
-                self.killed.discard((target.pid, target.create_time))
+                if (target.pid, target.create_time) not in ended:
+                    self.killed.discard((target.pid, target.create_time))
 
     def forget(self, incident: Incident) -> None:
         """The incident resolved: what it still has in flight no longer moves any ladder."""

@@ -8,6 +8,13 @@
    and taken one by one until ``limit`` is reached or ``free_until`` holds on the projected
    state — the snapshot with the memory of the processes chosen so far freed, on the GPUs
    where they hold it.
+4. With ``free_until``, once it holds, every chosen process it does not need is let go, the
+   most important first (the reverse of the order): a process stays only if ``free_until``
+   would fail without it. Then ``limit`` takes the first of those. Five small processes
+   declared ``scavenger`` ahead of a 79 GB one free nothing that matters, so they are dropped
+   and the 79 GB one is the plan: the step is as small as the situation allows, its targets
+   are what frees the memory, and a limit (the step's, or the safety rails') cannot be used
+   up by decoys.
 """
 
 from __future__ import annotations
@@ -101,22 +108,25 @@ class Planner:
                 skipped.append(Skipped(target_of(proc), reason))
         eligible.sort(key=lambda item: _sort_key(step, item[1]))
         limit = getattr(params, "limit", None)
+        goal = step.free_until if projected is not None else None
         chosen: list[Target] = []
         freed: dict[int, int] = {}
         for proc, _env in eligible:
-            if (
-                step.free_until is not None
-                and projected is not None
-                and step.free_until.test(projected(freed))
-            ):
+            if goal is not None and projected is not None and goal.test(projected(freed)):
                 skipped.append(Skipped(target_of(proc), Reason.FREE_UNTIL_MET))
                 continue
-            if limit is not None and len(chosen) >= limit:
+            if goal is None and limit is not None and len(chosen) >= limit:
                 skipped.append(Skipped(target_of(proc), Reason.LIMIT_REACHED))
                 continue
             chosen.append(target_of(proc))
             for index, mib in spread[identity(proc)].items():
                 freed[index] = freed.get(index, 0) + mib
+        if goal is not None and projected is not None:
+            if len(chosen) > 1 and goal.test(projected(freed)):
+                chosen = self._needed(chosen, spread, step, projected, skipped)
+            if limit is not None:  # the limit takes the first of what is needed
+                skipped += [Skipped(t, Reason.LIMIT_REACHED) for t in chosen[limit:]]
+                chosen = chosen[:limit]
         if chosen:
             reason = Reason.STEP_DUE
         elif eligible and step.free_until is not None:
@@ -124,6 +134,29 @@ class Planner:
         else:
             reason = Reason.NO_CANDIDATES
         return Plan(tuple(chosen), tuple(skipped), reason)
+
+    @staticmethod
+    def _needed(
+        chosen: list[Target],
+        spread: dict[Identity, dict[int, int]],
+        step: CompiledStep,
+        projected: Callable[[Mapping[int, int]], Env],
+        skipped: list[Skipped],
+    ) -> list[Target]:
+        """``chosen`` without those ``free_until`` holds without, tried from the last (the
+        most important) to the first; the order of the rest is kept."""
+        assert step.free_until is not None
+        kept = list(chosen)
+        for target in reversed(chosen):
+            rest = [t for t in kept if t is not target]
+            freed: dict[int, int] = {}
+            for other in rest:
+                for index, mib in spread[(other.pid, other.create_time)].items():
+                    freed[index] = freed.get(index, 0) + mib
+            if step.free_until.test(projected(freed)):
+                kept = rest
+                skipped.append(Skipped(target, Reason.FREE_UNTIL_MET))
+        return kept
 
     def _excluded(
         self, step: CompiledStep, proc: GpuProcess, already: set[tuple[int, float | None]]

@@ -131,8 +131,10 @@ class ScenarioSource:
         start_time: float | None = None,
         workdir: Path | None = None,
         spawn: bool = True,
+        ack_spool: Path | None = None,
     ) -> None:
         self.scenario = scenario
+        self.ack_spool = ack_spool  # where stand-ins acknowledge (the daemon's spool)
         self.name = f"scenario:{path}" if path else f"scenario:{scenario.name}"
         self.duration = scenario.duration
         if start_time is None:
@@ -180,7 +182,13 @@ class ScenarioSource:
             else ("0" if job.ack == "immediate" else f"{job.ack}")
         )
         return spawn(
-            job.id, job.cmdline, dict(job.env), self.workdir / job.id, on_term=job.on_term, ack=ack
+            job.id,
+            job.cmdline,
+            dict(job.env),
+            self.workdir / job.id,
+            on_term=job.on_term,
+            ack=ack,
+            ack_spool=self.ack_spool,
         )
 
     def pid_of(self, job_id: str) -> int:

@@ -82,7 +82,12 @@ def open_source(spec: SourceSpec, config: Config) -> Source:
     if spec.scheme == "scenario":
         from gpuwarden.sources.scenario import ScenarioSource
 
-        return ScenarioSource.open(spec.path, priorities=config.priorities, attributor=attributor)
+        return ScenarioSource.open(
+            spec.path,
+            priorities=config.priorities,
+            attributor=attributor,
+            ack_spool=config.ack_spool,
+        )
     from gpuwarden.sources.smi_csv import SmiCsvSource
 
     return SmiCsvSource(spec.path, host=config.host)

@@ -9,8 +9,9 @@ The stand-in's command line is made to read like the job's, so that rules matchi
 - anything else runs as ``python <workdir>/gpuwarden-standin.py <declared command line>``.
 
 Each stand-in gets its own process group and session (so a kill of the group takes only it),
-the job's declared environment plus ``GPUWARDEN_ACK_DIR`` and ``GPUWARDEN_STANDIN_LOG``, and a
-minimal environment otherwise (no secrets of the caller leak into it).
+the job's declared environment plus ``GPUWARDEN_ACK_DIR`` (the daemon's acknowledgement spool,
+unless the job declares its own) and ``GPUWARDEN_STANDIN_LOG``, and a minimal environment
+otherwise (no secrets of the caller leak into it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import gpuwarden
+from gpuwarden import job
 
 LAUNCHER = (
     "import runpy\n"
@@ -38,11 +40,16 @@ class Standin:
     job_id: str
     process: subprocess.Popen[bytes]
     log: Path
-    ack_dir: Path
+    ack_dir: Path  # the spool it acknowledges in
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def ack_file(self) -> Path:
+        """Where its acknowledgements land: its user's directory in the spool."""
+        return job.user_ack_dir(self.ack_dir) / job.ack_name(self.pid)
 
     def alive(self) -> bool:
         """Reaps the process if it has exited; False from then on."""
@@ -100,12 +107,15 @@ def spawn(
     on_term: str = "exit",
     ack: str = "0",
     ready_timeout: float = 10.0,
+    ack_spool: Path | None = None,
 ) -> Standin:
-    """Start one stand-in and wait until its signal handlers are installed."""
+    """Start one stand-in and wait until its signal handlers are installed. It acknowledges
+    in ``ack_spool`` (default: ``gpuwarden.job.DEFAULT_ACK_DIR``) unless ``env`` names its
+    own ``GPUWARDEN_ACK_DIR``."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / f"{job_id}.signals.log"
     log.unlink(missing_ok=True)
-    ack_dir = Path(env.get("GPUWARDEN_ACK_DIR") or workdir / "ack")
+    ack_dir = Path(env.get("GPUWARDEN_ACK_DIR") or ack_spool or job.DEFAULT_ACK_DIR)
     package_root = str(Path(gpuwarden.__file__).resolve().parent.parent)
     child_env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
