@@ -98,6 +98,33 @@ def test_world_writable_config_is_an_error(tmp_path: Path, sleeper: int) -> None
     assert "writable by group or other" in finding.detail
 
 
+def test_a_writable_directory_above_the_playbooks_is_an_error(tmp_path: Path, sleeper: int) -> None:
+    config, books = write_setup(tmp_path)
+    books.chmod(0o777)
+    try:
+        findings = selfcheck.run_checks(None, config, [books], probe_pid=sleeper)
+    finally:
+        books.chmod(0o755)
+    finding = by_check(findings)[f"mode {books}"]
+    assert finding.severity == "error"
+    assert "writable by group or others (mode drwxrwxrwx)" in finding.detail
+    assert finding.fix == f"chmod go-w {books} (or start with --insecure-permissions)"
+    assert selfcheck.blocking(findings) == [finding]
+
+
+def test_the_ack_spool_is_checked_without_being_created(tmp_path: Path) -> None:
+    spool = tmp_path / "run" / "ack"
+    fresh = selfcheck.check_ack_spool(spool)
+    assert (fresh.ok, fresh.detail) == (True, f"{spool} is created at the first checkpoint request")
+    assert not spool.parent.exists()
+    spool.mkdir(parents=True)
+    spool.parent.chmod(0o777)
+    open_parent = selfcheck.check_ack_spool(spool)
+    assert open_parent.severity == "warning"
+    assert open_parent.detail.startswith(f"{spool.parent} is writable by group or others")
+    assert "checkpoint steps will ask no job" in open_parent.detail
+
+
 def test_state_dir_under_a_regular_file_is_an_error(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")

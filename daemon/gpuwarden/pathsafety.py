@@ -10,7 +10,8 @@ rule is OpenSSH's ``StrictModes``, applied to every component of the path from `
   bit (``/tmp``), in which nobody can rename or remove an entry they do not own, so the next
   component (checked in turn) cannot be replaced.
 
-``path_problems`` checks a path by name (the config and playbooks, at start and at each reload):
+``path_problems`` (and ``unsafe``, for several) checks a path by name (the config and the
+playbooks, at start and at each reload):
 the path as written, with each symbolic link's own owner, and the path it resolves to.
 ``open_directory`` walks a directory one component at a time with ``openat`` and ``O_NOFOLLOW``
 and returns a descriptor of the directory it checked (the spool), so that nothing can be
@@ -111,6 +112,16 @@ def path_problems(path: str | Path, trusted: frozenset[int] | None = None) -> li
     return list(found.values())
 
 
+def unsafe(paths: list[Path], trusted: frozenset[int] | None = None) -> list[Unsafe]:
+    """``path_problems`` of several paths, each component reported once (a directory shared
+    by every playbook is named once)."""
+    found: dict[str, Unsafe] = {}
+    for path in paths:
+        for bad in path_problems(path, trusted):
+            found.setdefault(bad.path, bad)
+    return list(found.values())
+
+
 class UnsafePath(OSError):
     """A directory that may not be used; the message says which component and why."""
 
@@ -167,7 +178,11 @@ def _step(
                 os.fchmod(child, create_mode)  # mkdir's mode went through the umask
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                what = "a symbolic link" if exc.errno == errno.ELOOP else "not a directory"
+                try:
+                    link = stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode)
+                except OSError:
+                    link = False
+                what = "a symbolic link" if link else "not a directory"
                 raise UnsafePath(
                     None, f"{shown} is {what}: give the directory's real path"
                 ) from None

@@ -9,6 +9,10 @@ Three parts, each testable alone:
 - ``load_set`` loads and validates a whole new set: the config, then the playbooks against it.
 - ``Reloader`` holds the running set. The run loop calls ``check()`` between ticks; a flagged
   change is loaded whole or not at all, and a broken set never replaces the running one.
+  Before anything is read, the owner and mode of every file of the set and of every
+  directory above it are checked again, as at start (``unsafe_problems``): a playbook made
+  writable by others after start, or a parent directory, refuses the reload with the reason
+  (which the run loop sends to the admin target).
 
 Wiring, in the run loop::
 
@@ -52,9 +56,10 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from gpuwarden import config as config_module
+from gpuwarden import pathsafety
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
-from gpuwarden.errors import InputError
+from gpuwarden.errors import InputError, Problem
 from gpuwarden.playbook import loader
 from gpuwarden.playbook.loader import PLAYBOOK_SUFFIXES, PlaybookSet
 
@@ -218,6 +223,38 @@ class Watcher:
                 log.exception("reload: the change callback failed")
 
 
+def loaded_paths(config_path: Path | None, playbook_paths: Sequence[str | Path]) -> list[Path]:
+    """Every file and directory a set is loaded from: the config, the playbook directories
+    and the playbook files in them (what ``pathsafety.unsafe`` checks, with their parents)."""
+    found = [config_path] if config_path is not None else []
+    found += [Path(p) for p in playbook_paths if os.path.isdir(p)]
+    found += loader.playbook_files([Path(p) for p in playbook_paths])
+    return list(dict.fromkeys(found))
+
+
+def unsafe_problems(
+    config_path: Path | None, playbook_paths: Sequence[str | Path]
+) -> InputError | None:
+    """The components of the set's paths others could change, as an error naming each (and
+    its fix); None when there are none. The same rule as at start: owned by root or the
+    daemon's user, writable by nobody else, every parent directory up to ``/`` included."""
+    found = pathsafety.unsafe(loaded_paths(config_path, playbook_paths))
+    if not found:
+        return None
+    return InputError(
+        [
+            Problem(
+                u.path,
+                None,
+                None,
+                f"{u.problem}: whoever can change it controls what gpuwarden does",
+                hint=f"{u.fix} (or start with --insecure-permissions)",
+            )
+            for u in found
+        ]
+    )
+
+
 def load_set(
     config_path: Path | None,
     playbook_paths: Sequence[str],
@@ -295,8 +332,10 @@ class Reloader:
         load_config: LoadConfig | None = None,
         load_playbooks: LoadPlaybooks | None = None,
         clock: Clock | None = None,
+        insecure_permissions: bool = False,
     ) -> None:
         self._config_path = config_path
+        self._insecure = insecure_permissions  # as at start: --insecure-permissions
         self._paths = list(playbook_paths)
         self._current = current
         self._load_config: LoadConfig = load_config or config_module.load
@@ -328,6 +367,11 @@ class Reloader:
         self._flag.clear()
         now = self._clock.now()
         self.last_attempt = now
+        unsafe = unsafe_problems(self._config_path, self._paths)
+        if unsafe is not None and not self._insecure:
+            return self._failed(now, unsafe)
+        if unsafe is not None:
+            log.warning("reload: allowed by --insecure-permissions:\n%s", unsafe.render())
         try:
             new = load_set(
                 self._config_path,

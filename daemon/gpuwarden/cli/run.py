@@ -139,7 +139,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         notifications=notifications,
         metrics=metrics,
         systemd=SystemdNotifier(),
-        reloader=Reloader(found, paths, (cfg, playbooks)),
+        reloader=Reloader(
+            found, paths, (cfg, playbooks), insecure_permissions=args.insecure_permissions
+        ),
         cloud=cloud,
     )
     watcher = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuwarden import config as config_file
+from gpuwarden import pathsafety
 from gpuwarden.config import CloudProfile, Config
 from gpuwarden.errors import InputError
 
@@ -205,33 +205,57 @@ def check_state_dir(path: Path) -> Finding:
     return _ok("state_dir", f"{path} is writable")
 
 
-def check_file_mode(path: Path, *, insecure: bool) -> Finding:
-    check = f"mode {path}"
-    try:
-        info = path.stat()
-    except OSError as exc:
-        return _fail(check, f"cannot stat {path} ({exc.strerror})", f"check that {path} exists")
-    problems = []
-    if info.st_mode & 0o022:
-        problems.append(f"writable by group or other (mode {stat.filemode(info.st_mode)})")
-    if info.st_uid not in (0, os.geteuid()):
-        problems.append(f"owned by uid {info.st_uid}, neither root nor this user")
-    if not problems:
-        return _ok(check, "owned by root or this user, not writable by others")
-    fix = f"chmod go-w {path}" if info.st_mode & 0o022 else f"chown root {path}"
-    detail = f"{path} is " + " and ".join(problems) + ": anyone who can edit it controls kills"
-    if insecure:
-        return _warn(check, detail + " (allowed by --insecure-permissions)", fix)
-    return _fail(check, detail, fix + " (or start with --insecure-permissions)")
+def check_modes(
+    config_path: Path | None, playbook_paths: Sequence[Path], *, insecure: bool
+) -> list[Finding]:
+    """The config, the playbook directories and files, and every directory above them up to
+    ``/``: owned by root or this user, writable by nobody else (``gpuwarden.pathsafety``; a
+    root-owned sticky directory such as /tmp is accepted). Reload checks the same."""
+    from gpuwarden.reload import loaded_paths
+
+    guarded = loaded_paths(config_path, playbook_paths)
+    found = pathsafety.unsafe(guarded)
+    if not found:
+        return [
+            _ok(
+                "modes",
+                f"{len(guarded)} config and playbook path(s), and the directories above them, "
+                "safe from other users",
+            )
+        ]
+    findings = []
+    for bad in found:
+        check = f"mode {bad.path}"
+        detail = f"{bad}: whoever can change it controls what gpuwarden does"
+        if insecure:
+            findings.append(_warn(check, detail + " (allowed by --insecure-permissions)", bad.fix))
+        else:
+            findings.append(
+                _fail(check, detail, bad.fix + " (or start with --insecure-permissions)")
+            )
+    return findings
 
 
-def _guarded_paths(config_path: Path | None, playbook_paths: Sequence[Path]) -> list[Path]:
-    from gpuwarden.playbook.loader import playbook_files
-
-    found = [config_path] if config_path is not None else []
-    found += [p for p in playbook_paths if p.is_dir()]
-    found += playbook_files(playbook_paths)
-    return list(dict.fromkeys(found))
+def check_ack_spool(path: Path) -> Finding:
+    """The acknowledgement spool: usable as it is, or creatable where it would go. Nothing is
+    created here (the first checkpoint request creates it)."""
+    check = "ack_spool"
+    problems = pathsafety.path_problems(path)
+    if not problems and path.exists():
+        try:
+            os.close(pathsafety.open_directory(path))
+        except OSError as exc:
+            problems = [pathsafety.Unsafe(str(path), str(exc), "give ack_spool a real directory")]
+    if problems:
+        first = problems[0]
+        return _warn(
+            check,
+            f"{first}: checkpoint steps will ask no job (their acknowledgements could be forged)",
+            f"{first.fix}, or set ack_spool: to a directory only root can write",
+        )
+    if not path.exists():
+        return _ok(check, f"{path} is created at the first checkpoint request")
+    return _ok(check, f"{path} is safe from other users")
 
 
 def load_config(config_path: Path) -> tuple[Config | None, Finding]:
@@ -356,13 +380,8 @@ def run_checks(
     caps = own_capabilities()
     findings += [check_signal(pid, caps), check_renice(pid, caps), check_environ(pid)]
     findings.append(check_state_dir(state_dir or usable.state_dir))
-    guarded = _guarded_paths(config_path, paths)
-    modes = [check_file_mode(p, insecure=insecure_permissions) for p in guarded]
-    findings += [f for f in modes if not f.ok]
-    if all(f.ok for f in modes):
-        findings.append(
-            _ok("modes", f"{len(guarded)} config and playbook path(s) safe from other users")
-        )
+    findings.append(check_ack_spool(usable.ack_spool))
+    findings += check_modes(config_path, paths, insecure=insecure_permissions)
     if config is not None or config_path is None:
         findings.append(check_playbooks(paths, usable))
         findings += check_notify(usable, parse=parse_urls)
