@@ -202,7 +202,10 @@ def test_group_leadership_and_members(procs) -> None:
         assert not pinned.is_group_leader()
     with pin(target_for(leader.pid)) as pinned:
         assert pinned.is_group_leader()
-        pinned.send_group(signal.SIGKILL)
+        assert pinned.uids() == (os.getuid(), os.geteuid(), os.getuid())
+    for pid in members:
+        with pin_pid(pid) as member:
+            member.send(signal.SIGKILL)
     leader.process.wait(5)
     wait_until(lambda: group_members(leader.pid) == [])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -22,11 +23,14 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.actions import registry
 from gpuwarden.actions.base import Context, PowerControl
 from gpuwarden.clock import Clock
+from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
+from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.model import Intent, Outcome, Undo
 from gpuwarden.notify.service import Notifications
 from gpuwarden.safety import Admission, Rails
 from gpuwarden.sources import Source
+from gpuwarden.sources.procs import Attributor
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from gpuwarden.cloud.service import CloudService
@@ -37,6 +41,22 @@ log = logging.getLogger("gpuwarden.run")
 
 # Undo results worth trying again later (anything else — done, gone, reused — is final).
 RETRY_UNDO = frozenset({"denied", "error"})
+
+
+def member_protection(config: Config, self_pid: int | None) -> Callable[[int], str | None]:
+    """Why a process is protected by ``config`` (None: it is not), read from /proc when asked:
+    for the members of a process group a kill takes, which the planner never saw. Safe to call
+    from several worker threads."""
+    matcher = ProtectedMatcher(config.protected, self_pid=self_pid)
+    attributor = Attributor(config.priorities)
+    lock = threading.Lock()  # the attributor keeps what it read between calls
+
+    def why(pid: int) -> str | None:
+        with lock:
+            info = attributor.describe([pid], time.time())[pid]
+        return None if info.orphaned else matcher.why(info)
+
+    return why
 
 
 @dataclass
@@ -75,6 +95,7 @@ class Dispatcher:
         notifications: Notifications | None = None,
         metrics: Metrics | None = None,
         ack_spool: Path | None = None,
+        protection: Callable[[int], str | None] | None = None,
     ) -> None:
         self.journal = journal
         self.engine = engine
@@ -91,6 +112,7 @@ class Dispatcher:
         self.notifications = notifications
         self.metrics = metrics
         self.ack_spool = ack_spool  # replaced when a reload is applied
+        self.protection = protection  # likewise (member_protection)
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
         self._running: dict[str, Future[None]] = {}
@@ -137,6 +159,7 @@ class Dispatcher:
             facts=self._facts(runs),
             still_needed=self._still_needed(runs) if intent.kind == "kill" else None,
             ack_spool=self.ack_spool,
+            protection=self.protection,
         )
         self._admitted[intent.id] = (intent, admission)
         self._running[intent.id] = self.pool.submit(self._execute, runs, ctx)

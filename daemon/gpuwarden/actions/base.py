@@ -70,6 +70,9 @@ class Context:
     facts: dict[str, str] = field(default_factory=dict)  # incident facts for exec's environment
     cloud: CloudProvisioner | None = None
     ack_spool: Path | None = None  # the config's ack_spool (None: job.DEFAULT_ACK_DIR)
+    # Why a process is protected (the config's protected list), None when it is not: a kill
+    # of a process group leaves such members alone.
+    protection: Callable[[int], str | None] | None = None
 
     def wait(self, seconds: float) -> bool:
         """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""

@@ -9,11 +9,14 @@ left alone (``not_needed``): it never kills more than the situation needs.
 A stopped process (suspended by an earlier step) is sent SIGCONT right after its SIGTERM, as
 systemd does: otherwise the SIGTERM would wait, unhandled, until the SIGKILL.
 
-``process_group: true`` takes the target's whole process group (its workers and data loaders),
-but only when the target leads its group and the group is not gpuwarden's own: killing the group
+``process_group: true`` takes the target's process group (its workers and data loaders), but
+only when the target leads its group and the group is not gpuwarden's own: killing the group
 of a process that merely belongs to a shell's group would take the shell. Otherwise only the
-process itself is signalled, and the result says so. How the group is addressed, and the window
-that remains, is described in ``gpuwarden.actions.pin``.
+process itself is signalled, and the result says so. The group is never signalled as a whole
+(no ``killpg``): each member is pinned by its own pidfd and signalled only if it runs as the
+target's user and is not protected (``ctx.protection``, the config's protected list), so a
+root-owned helper in the group, or a protected process, is left alone and named in the result.
+A member that joins the group after a round is taken in the next round (the SIGKILL).
 
 States: ``terminated`` (exited after the first signal), ``killed`` (needed SIGKILL), ``gone``
 (exited before anything was sent), ``survived`` (still there after SIGKILL, e.g. stuck in the
@@ -25,7 +28,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -46,34 +50,91 @@ ENDED = ("terminated", "killed", "gone")
 
 @dataclass
 class _Victim:
-    """A pinned target and, when its group is taken, the group id."""
+    """A pinned target and, when its group is taken, the group id. The other members of the
+    group are signalled one by one, each pinned by its own pidfd, and only if it runs as the
+    target's user (real, effective and saved uid) and is not protected: a root-owned helper or
+    a protected process in the same group is never reached. ``spared`` says who was left."""
 
     pinned: Pinned
     pgid: int | None
+    uid: int | None = None
+    protection: Callable[[int], str | None] | None = None
+    spared: dict[int, str] = field(default_factory=dict)
+
+    def _member(self, pid: int) -> Pinned | None:
+        """The member ``pid`` pinned, if it may be signalled (noting in ``spared`` why not)."""
+        try:
+            pinned = pin_pid(pid)
+        except PinError:
+            return None
+        try:
+            if os.getpgid(pid) != self.pgid or pinned.exited():
+                pinned.close()
+                return None
+            why = None
+            uids = pinned.uids()
+            if self.uid is not None and any(u != self.uid for u in uids):
+                why = f"runs as uid {uids[1]}, not the target's uid {self.uid}"
+            elif self.protection is not None:
+                protected = self.protection(pid)
+                why = None if protected is None else f"protected: {protected}"
+        except (PinError, OSError):
+            pinned.close()
+            return None
+        if why is not None:
+            self.spared[pid] = why
+            pinned.close()
+            return None
+        return pinned
+
+    def others(self) -> list[int]:
+        """The members besides the leader that have not been left alone."""
+        if self.pgid is None:
+            return []
+        return [
+            pid
+            for pid in group_members(self.pgid)
+            if pid != self.pinned.pid and pid not in self.spared
+        ]
 
     def running(self) -> bool:
-        if self.pinned.alive():
-            return True
-        return self.pgid is not None and bool(group_members(self.pgid))
+        return self.pinned.alive() or bool(self.others())
 
     def send(self, sig: int) -> None:
+        """Signal the target, and the members of its group that may be signalled. Raises
+        Gone when nothing at all was left to signal."""
         if self.pgid is None:
             self.pinned.send(sig)
             return
-        if self.pinned.alive():
-            try:
-                self.pinned.send_group(sig)
-                return
-            except Gone:
-                pass
-        # The leader has exited: each member left is pinned and signalled on its own.
-        for member in group_members(self.pgid):
-            try:
-                with pin_pid(member) as pinned:
-                    if os.getpgid(member) == self.pgid and not pinned.exited():
-                        pinned.send(sig)
-            except (PinError, OSError):
+        sent = False
+        with contextlib.suppress(Gone):
+            self.pinned.send(sig)
+            sent = True
+        for pid in self.others():
+            member = self._member(pid)
+            if member is None:
                 continue
+            with member, contextlib.suppress(PinError):
+                member.send(sig)
+                sent = True
+        if not sent:
+            raise Gone(self.pinned.pid, "the process and its group have exited")
+
+    def survey(self) -> int:
+        """For a dry run: how many members would be signalled (``spared``: who would not)."""
+        would = 0
+        for pid in self.others():
+            member = self._member(pid)
+            if member is not None:
+                member.close()
+                would += 1
+        return would
+
+    def note(self) -> str:
+        if not self.spared:
+            return ""
+        shown = ", ".join(f"pid {pid} {why}" for pid, why in sorted(self.spared.items()))
+        return f"left alone in its group: {shown}"
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -150,15 +211,17 @@ def _kill(
 ) -> TargetResult:
     with pin(target) as pinned:
         pgid, note = _group_of(pinned) if params.process_group else (None, "")
-        victim = _Victim(pinned, pgid)
+        uid = target.uid if target.uid is not None else pinned.uid()
+        victim = _Victim(pinned, pgid, uid, ctx.protection)
         if dry:
             scope = "process"
             if pgid is not None:
-                scope = f"process group {pgid} ({len(group_members(pgid))} processes)"
+                would = victim.survey()
+                scope = f"process and {would} other member(s) of its process group {pgid}"
             plan = f"send {sig.name} to the {scope}"
             if sig != signal.SIGKILL:
                 plan += f", SIGKILL after {params.grace:g}s"
-            return _result(target, True, "would", _joined(plan, note))
+            return _result(target, True, "would", _joined(plan, note, victim.note()))
         stopped = pinned.status() == psutil.STATUS_STOPPED
         victim.send(sig)
         if stopped and sig not in (signal.SIGKILL, signal.SIGCONT):
@@ -170,17 +233,19 @@ def _kill(
             if ended is None:
                 return _result(target, False, "cancelled", f"{sig.name} sent; stopped waiting")
             if ended:
-                return _result(target, True, "terminated", _joined(f"exited on {sig.name}", note))
+                done = _joined(f"exited on {sig.name}", note, victim.note())
+                return _result(target, True, "terminated", done)
             try:
                 victim.send(signal.SIGKILL)
             except Gone:
-                return _result(target, True, "terminated", _joined(f"exited on {sig.name}", note))
+                done = _joined(f"exited on {sig.name}", note, victim.note())
+                return _result(target, True, "terminated", done)
         if not _confirm_gone(victim, ctx):
             return _result(
                 target, False, "survived", f"still running {KILL_CONFIRM_S:g}s after SIGKILL"
             )
         first = "" if sig == signal.SIGKILL else f"outlived {sig.name} by {params.grace:g}s, "
-        return _result(target, True, "killed", _joined(f"{first}SIGKILL", note))
+        return _result(target, True, "killed", _joined(f"{first}SIGKILL", note, victim.note()))
 
 
 def _recheck(params: KillParams, ctx: Context) -> tuple[str, bool, str] | None:

@@ -22,12 +22,10 @@ Residual races, stated honestly:
   id); the process or thread could still exit and its id be reused by a new process in the
   microseconds between that check and the call. Only a priority would change, never a signal
   be sent, and the kernel would have to wrap its PID space within that window.
-- ``killpg`` addresses a process group by number. It is used only while the pinned leader is
-  alive and verified to lead the group (``os.getpgid(pid) == pid``). A group number cannot be
-  handed out again while any member of the group exists, so the remaining window is the time
-  between that check and the call, within which the whole group would have to exit and a new
-  process would have to take the number and make itself a group leader. Members left after the
-  leader has exited are pinned one by one (``pin_pid``) and signalled through their own pidfds.
+- A process group is never signalled by number (``killpg``): its members are found in
+  ``/proc`` and each is pinned (``pin_pid``), checked (its group, its owner, its protection;
+  see ``gpuwarden.actions.kill``) and signalled through its own pidfd. A process that joins
+  the group between the listing and the signals is not signalled in that round.
 """
 
 from __future__ import annotations
@@ -225,18 +223,6 @@ class Pinned:
         except ProcessLookupError:
             return False
 
-    def send_group(self, sig: int) -> None:
-        """``killpg`` the group this process leads; only while it is alive and leads it (see the
-        module docstring for the window that remains). Raises Gone or Denied."""
-        if not self.is_group_leader():
-            raise Gone(self.pid, "the group leader has exited")
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            raise Gone(self.pid, "the process group is empty") from None
-        except PermissionError:
-            raise Denied(self.pid, "not permitted to signal the process group") from None
-
     # -- priority ----------------------------------------------------------------------------
 
     def threads(self) -> list[int]:
@@ -326,6 +312,18 @@ class Pinned:
         if self.exited():
             raise Gone(self.pid, "exited")
         return uid
+
+    def uids(self) -> tuple[int, int, int]:
+        """Real, effective and saved uid. Raises Gone or Denied."""
+        try:
+            found = self._proc.uids()
+        except psutil.NoSuchProcess:
+            raise Gone(self.pid, "exited") from None
+        except psutil.AccessDenied:
+            raise Denied(self.pid, "cannot read the process's owner") from None
+        if self.exited():
+            raise Gone(self.pid, "exited")
+        return int(found.real), int(found.effective), int(found.saved)
 
     def own_pid(self) -> tuple[int, int | None]:
         """The PID as the process itself sees it and its PID namespace (an inode): in a
