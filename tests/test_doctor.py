@@ -13,7 +13,7 @@ import pytest
 
 from gpuwarden.cli import doctor, selfcheck
 from gpuwarden.cli.selfcheck import Finding
-from gpuwarden.config import CloudProfile, Config
+from gpuwarden.config import CloudProfile, Config, ExecConfig
 
 PLAYBOOK = """\
 rules:
@@ -123,6 +123,14 @@ def test_the_ack_spool_is_checked_without_being_created(tmp_path: Path) -> None:
     assert open_parent.severity == "warning"
     assert open_parent.detail.startswith(f"{spool.parent} is writable by group or others")
     assert "checkpoint steps will ask no job" in open_parent.detail
+
+
+def test_the_exec_user_must_exist_and_not_be_root() -> None:
+    assert selfcheck.check_exec_user(Config()).detail.startswith("exec steps run as nobody")
+    missing = selfcheck.check_exec_user(Config(exec=ExecConfig(user="gw-no-such-user")))
+    assert missing.severity == "warning"
+    assert "is not a user on this host" in missing.detail
+    assert selfcheck.check_exec_user(Config(exec=ExecConfig(user="root"))).severity == "warning"
 
 
 def test_state_dir_under_a_regular_file_is_an_error(tmp_path: Path) -> None:

@@ -62,8 +62,18 @@ def test_unit_keeps_the_settings_the_daemon_depends_on() -> None:
     assert settings["ProtectProc"] == ["default"]
     caps = set(settings["CapabilityBoundingSet"][0].split())
     assert {"CAP_KILL", "CAP_SYS_NICE", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"} <= caps
-    # Each of these would break the daemon: hidden ack files, no GPUs, no network.
-    for absent in ("PrivateTmp", "PrivateDevices", "PrivateNetwork", "DevicePolicy", "DynamicUser"):
+    # The spool's user directories (chown) and exec steps as exec.user (set*id).
+    assert {"CAP_CHOWN", "CAP_SETUID", "CAP_SETGID"} <= caps
+    filters = settings["SystemCallFilter"]
+    assert filters.index("~@privileged @mount @obsolete @cpu-emulation") < filters.index(
+        "@chown @setuid"
+    )  # allowed back after the deny list, which would otherwise refuse them
+    # The spool is under /run/gpuwarden: nothing in /tmp is shared with jobs any more.
+    assert settings["RuntimeDirectory"] == ["gpuwarden"]
+    assert settings["PrivateTmp"] == ["yes"]
+    assert "/tmp" not in " ".join(settings.get("ReadWritePaths", []))
+    # Each of these would break the daemon: no GPUs, no network.
+    for absent in ("PrivateDevices", "PrivateNetwork", "DevicePolicy", "DynamicUser"):
         assert absent not in settings, absent
     # ProtectClock (and any DeviceAllow) turns on a device allow list that hides /dev/nvidia*.
     assert "ProtectClock" not in settings

@@ -350,6 +350,15 @@ class MetricsConfig(_Strict):
     gpu_gauges: bool = True  # false where dcgm-exporter already exports the GPUs
 
 
+class ExecConfig(_Strict):
+    """How ``exec`` steps run their commands: as ``user`` (and ``group``, default the user's
+    own), with no capabilities and no way to gain privileges (no_new_privs), unless a step
+    says ``as_root: true``."""
+
+    user: str = Field(default="nobody", min_length=1)
+    group: str | None = None
+
+
 class ReloadConfig(_Strict):
     """Hot reload of this file and the playbooks when they change on disk (and on SIGHUP)."""
 
@@ -376,6 +385,7 @@ class Config(_Strict):
     safety: Safety = Safety()
     metrics: MetricsConfig = MetricsConfig()
     reload: ReloadConfig = ReloadConfig()
+    exec: ExecConfig = ExecConfig()
 
     @field_validator("ack_spool")
     @classmethod

@@ -73,9 +73,9 @@ class RunStats:
 
 
 class Dispatcher:
-    """Runs the steps the engine asked for, and their undos. ``dry_run`` and ``ack_spool``
-    are replaced when a reload is applied (``rails`` updated in place); ``cancel`` tells
-    running steps to stop waiting."""
+    """Runs the steps the engine asked for, and their undos. ``dry_run`` is replaced and
+    ``configure`` called when a reload is applied (``rails`` is updated in place); ``cancel``
+    tells running steps to stop waiting."""
 
     def __init__(
         self,
@@ -94,8 +94,8 @@ class Dispatcher:
         cloud: CloudService | None = None,
         notifications: Notifications | None = None,
         metrics: Metrics | None = None,
-        ack_spool: Path | None = None,
-        protection: Callable[[int], str | None] | None = None,
+        config: Config | None = None,
+        self_pid: int | None = None,
     ) -> None:
         self.journal = journal
         self.engine = engine
@@ -111,13 +111,26 @@ class Dispatcher:
         self.cloud = cloud
         self.notifications = notifications
         self.metrics = metrics
-        self.ack_spool = ack_spool  # replaced when a reload is applied
-        self.protection = protection  # likewise (member_protection)
+        self.self_pid = self_pid
+        self.ack_spool: Path | None = None
+        self.protection: Callable[[int], str | None] | None = None
+        self.exec_user: str | None = None
+        self.exec_group: str | None = None
+        if config is not None:
+            self.configure(config)
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
         self._running: dict[str, Future[None]] = {}
         # intent id -> (the intent as journaled, what the rails let run), until it finishes
         self._admitted: dict[str, tuple[Intent, Admission]] = {}
+
+    def configure(self, config: Config) -> None:
+        """What executors take from the config: the ack spool, the protected list (for the
+        members of a process group), the user exec steps run as."""
+        self.ack_spool = config.ack_spool
+        self.protection = member_protection(config, self.self_pid)
+        self.exec_user = config.exec.user
+        self.exec_group = config.exec.group
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -160,6 +173,8 @@ class Dispatcher:
             still_needed=self._still_needed(runs) if intent.kind == "kill" else None,
             ack_spool=self.ack_spool,
             protection=self.protection,
+            exec_user=self.exec_user,
+            exec_group=self.exec_group,
         )
         self._admitted[intent.id] = (intent, admission)
         self._running[intent.id] = self.pool.submit(self._execute, runs, ctx)

@@ -22,7 +22,7 @@ from gpuwarden.actions.base import PowerControl
 from gpuwarden.clock import Clock, ScaledClock, SystemClock
 from gpuwarden.cloud.rounds import Rounds, reaped_notes
 from gpuwarden.config import Config
-from gpuwarden.dispatch import Dispatcher, RunStats, member_protection
+from gpuwarden.dispatch import Dispatcher, RunStats
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
 from gpuwarden.model import Intent, Reason, RuleChange, Transition, Undo
@@ -92,10 +92,9 @@ class Runtime:
             cloud=cloud,
             notifications=notifications,
             metrics=metrics,
-            ack_spool=config.ack_spool,
-            protection=member_protection(config, self_pid),
+            config=config,
+            self_pid=self_pid,
         )
-        self._self_pid = self_pid
 
     @property
     def dry_run(self) -> bool:
@@ -320,8 +319,7 @@ class Runtime:
             self.config = result.config
             self.steps.rails.update(result.config.safety)  # keeps the room reserved
             self.steps.dry_run = self._forced_dry_run or result.config.dry_run
-            self.steps.ack_spool = result.config.ack_spool
-            self.steps.protection = member_protection(result.config, self._self_pid)
+            self.steps.configure(result.config)
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:

@@ -73,6 +73,10 @@ class Context:
     # Why a process is protected (the config's protected list), None when it is not: a kill
     # of a process group leaves such members alone.
     protection: Callable[[int], str | None] | None = None
+    # The user (and group) exec steps run as, without capabilities, unless a step says
+    # as_root: true. None: as the daemon itself (drills, and tests of the executor alone).
+    exec_user: str | None = None
+    exec_group: str | None = None
 
     def wait(self, seconds: float) -> bool:
         """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""

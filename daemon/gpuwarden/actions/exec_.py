@@ -4,8 +4,13 @@
 ``exec`` here.)
 
 The command is an argv list run without a shell, in its own session and process group, with
-stdin from /dev/null. Its environment is built from scratch, so nothing of the daemon's own
-environment (tokens, cloud keys) leaks into it:
+stdin from /dev/null. It runs as the config's ``exec.user`` (``nobody`` by default; its group
+``exec.group`` or the user's own, and the user's supplementary groups), from ``/``: the change
+of user leaves it no capability, and it starts with ``no_new_privs`` set, so no setuid program
+or file capability gives any back. A step that must run as root says ``as_root: true``. The
+user is looked up when the step runs; an unknown one fails the step with the reason. Its
+environment is built from scratch, so nothing of the daemon's own environment (tokens, cloud
+keys) leaks into it:
 
 1. ``PATH`` (the daemon's, else a standard one);
 2. the step's ``env``;
@@ -31,7 +36,10 @@ started keeps the output open is waited for until the same deadline.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import grp
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -40,7 +48,7 @@ import subprocess
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from gpuwarden.actions.base import Context, log_action
 from gpuwarden.model import Intent, Outcome
@@ -52,6 +60,7 @@ KILL_GRACE_S = 2.0
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TRUNCATED = "…[truncated]"
 
+PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
 _POLL_S = 0.05
 _NOT_NAME = re.compile(r"[^A-Z0-9_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -143,6 +152,89 @@ class _Finished:
     returncode: int | None
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """Whom a command runs as."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
+def run_as(user: str, group: str | None = None) -> RunAs:
+    """The identity ``user`` (and ``group``, default its own) stands for on this host.
+    LookupError, saying what to do, for an unknown user or group."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise LookupError(
+            f"exec.user {user!r} is not a user on this host: create it, or name another "
+            "in the config's exec.user"
+        ) from None
+    gid = entry.pw_gid
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise LookupError(f"exec.group {group!r} is not a group on this host") from None
+    return RunAs(user, entry.pw_uid, gid, tuple(os.getgrouplist(user, gid)))
+
+
+def _no_new_privs() -> None:
+    """Set no_new_privs on the calling thread (a child it starts inherits it). OSError if
+    it cannot be set and is not set already."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+        return
+    failed = ctypes.get_errno()
+    with contextlib.suppress(OSError), open("/proc/thread-self/status", encoding="ascii") as st:
+        if any(line.split() == ["NoNewPrivs:", "1"] for line in st):
+            return  # set already (systemd's NoNewPrivileges=yes)
+    raise OSError(failed, f"cannot set no_new_privs: {os.strerror(failed)}")
+
+
+def _start(argv: list[str], env: dict[str, str], who: RunAs | None) -> subprocess.Popen[bytes]:
+    """Start the command, as ``who`` when given. The change of user is done by the child
+    between fork and exec (``subprocess``'s own, no Python code runs there); no_new_privs is
+    set on a thread of its own that starts the child and ends, so no other step inherits it."""
+    options: dict[str, Any] = {}
+    if who is not None:
+        options = {"user": who.uid, "group": who.gid, "extra_groups": list(who.groups), "cwd": "/"}
+
+    def popen() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv,
+            shell=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            **options,
+        )
+
+    if who is None:
+        return popen()
+    started: list[subprocess.Popen[bytes]] = []
+    failed: list[BaseException] = []
+
+    def spawn() -> None:
+        try:
+            _no_new_privs()
+            started.append(popen())
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=spawn, name="gpuwarden-exec-start")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return started[0]
+
+
 def _missing(argv0: str, path: str) -> str | None:
     """Why ``argv0`` cannot be run, or None when it can (checked in dry-run too)."""
     if "/" in argv0:
@@ -214,27 +306,27 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
     argv = list(params.argv)
     shown = shlex.join(argv)  # for people to read; never run by a shell
     env = environment(params, intent, ctx)
+    who = None
+    if ctx.exec_user is not None and not params.as_root:
+        try:
+            who = run_as(ctx.exec_user, ctx.exec_group)
+        except LookupError as exc:
+            log_action(intent, ctx, argv=shown, outcome="no_user")
+            return Outcome(ok=False, detail=str(exc), dry_run=dry_run)
+    user = who.user if who is not None else "root" if params.as_root else "-"
+    as_user = "" if user == "-" else f" as {user}"
     problem = _missing(argv[0], env["PATH"])
     if problem is not None:
-        log_action(intent, ctx, argv=shown, outcome="missing")
+        log_action(intent, ctx, argv=shown, outcome="missing", user=user)
         return Outcome(ok=False, detail=problem, dry_run=dry_run)
     if dry_run:
-        log_action(intent, ctx, argv=shown, outcome="would")
-        return Outcome(ok=True, detail=f"would run: {shown}", dry_run=True)
+        log_action(intent, ctx, argv=shown, outcome="would", user=user)
+        return Outcome(ok=True, detail=f"would run{as_user}: {shown}", dry_run=True)
     try:
-        proc = subprocess.Popen(
-            argv,
-            shell=False,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except (OSError, ValueError) as exc:
-        log_action(intent, ctx, argv=shown, outcome="failed")
-        return Outcome(ok=False, detail=f"cannot run {argv[0]}: {exc}")
+        proc = _start(argv, env, who)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        log_action(intent, ctx, argv=shown, outcome="failed", user=user)
+        return Outcome(ok=False, detail=f"cannot run {argv[0]}{as_user}: {exc}")
     assert proc.stdout is not None
     capture = _Capture(proc.stdout, MAX_OUTPUT_BYTES)
     capture.start()
@@ -246,6 +338,7 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
         ctx,
         argv=shown,
         pid=proc.pid,
+        user=user,
         outcome=finished.how,
         exit=finished.returncode,
     )

@@ -258,6 +258,28 @@ def check_ack_spool(path: Path) -> Finding:
     return _ok(check, f"{path} is safe from other users")
 
 
+def check_exec_user(config: Config) -> Finding:
+    """The user exec steps run as exists here."""
+    import pwd
+
+    user = config.exec.user
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return _warn(
+            "exec_user",
+            f"exec.user {user!r} is not a user on this host: exec steps fail (unless as_root)",
+            f"create the user {user!r}, or set exec.user: to an unprivileged user that exists",
+        )
+    if uid == 0:
+        return _warn(
+            "exec_user",
+            f"exec.user {user!r} is root: exec steps keep root's privileges",
+            "set exec.user: to an unprivileged user (the default is nobody)",
+        )
+    return _ok("exec_user", f"exec steps run as {user} (uid {uid}), without capabilities")
+
+
 def load_config(config_path: Path) -> tuple[Config | None, Finding]:
     try:
         loaded = config_file.load(config_path)
@@ -381,6 +403,7 @@ def run_checks(
     findings += [check_signal(pid, caps), check_renice(pid, caps), check_environ(pid)]
     findings.append(check_state_dir(state_dir or usable.state_dir))
     findings.append(check_ack_spool(usable.ack_spool))
+    findings.append(check_exec_user(usable))
     findings += check_modes(config_path, paths, insecure=insecure_permissions)
     if config is not None or config_path is None:
         findings.append(check_playbooks(paths, usable))

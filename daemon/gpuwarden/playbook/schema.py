@@ -139,6 +139,8 @@ class ExecParams(_Strict):
     argv: tuple[str, ...] = Field(min_length=1)
     timeout: Seconds = 30.0
     env: dict[str, str] = Field(default_factory=dict)
+    # Run as root, with the daemon's capabilities, instead of the config's exec.user.
+    as_root: bool = False
 
 
 class ProvisionParams(_Strict):
