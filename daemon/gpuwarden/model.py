@@ -280,7 +280,9 @@ class Target:
     command: str = ""
     checkpoint_signal: str | None = None
     uid: int | None = None  # the owner when planned: a process that changed owner is skipped
-    ack_dir: str | None = None  # where the job writes checkpoint acks (its GPUWARDEN_ACK_DIR)
+    # The job's GPUWARDEN_ACK_DIR: never read from (acks are read in the daemon's spool only),
+    # it explains a checkpoint that timed out.
+    ack_dir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
