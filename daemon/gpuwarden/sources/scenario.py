@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuwarden.config import Priorities
+from gpuwarden.errors import UsageError
 from gpuwarden.model import (
     Ecc,
     Event,
@@ -182,6 +183,25 @@ class ScenarioSource:
         return spawn(
             job.id, job.cmdline, dict(job.env), self.workdir / job.id, on_term=job.on_term, ack=ack
         )
+
+    @property
+    def host(self) -> str:
+        return self.scenario.host
+
+    def sample_offset(self, number: int) -> float:
+        """Seconds from the scenario's start to its ``number``th keyframe (1 is the first)."""
+        frames = self.scenario.timeline
+        if not 1 <= number <= len(frames):
+            raise UsageError(
+                f"{self.name}: there is no keyframe {number}: the scenario has {len(frames)}",
+                f"pick one from 1 to {len(frames)}",
+            )
+        return frames[number - 1].at
+
+    def position(self, now: float) -> str | None:
+        """Scenarios say nothing more than their time."""
+        del now
+        return None
 
     def pid_of(self, job_id: str) -> int:
         """The PID a job has in snapshots: the stand-in's real PID, or its synthetic one."""
