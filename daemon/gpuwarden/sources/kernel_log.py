@@ -159,6 +159,7 @@ def read_message(message: str) -> Report | Uuid | None:
         found = _PID.match(rest)
         if found:
             pid = int(found["pid"]) if found["pid"].isdigit() else None
+            pid = pid or None  # pid=0: no process (the driver's own context)
             rest = rest[found.end() :]
             named = _NAME.match(rest)
             if named:
@@ -304,7 +305,8 @@ def parse(text: str, file: str) -> list[Entry]:
             continue
         read = read_line(line)
         if read is None:
-            if line.lstrip().startswith("NVRM: "):  # grep -o, or a stamp cut off
+            if line.startswith("NVRM: Xid"):  # grep -o, or a stamp cut off (indented: dmesg's
+                # continuation of the line before, which needs no stamp of its own)
                 col = line.index("NVRM") + 1
                 raise InputError.at(
                     file,

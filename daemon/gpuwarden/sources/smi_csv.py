@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ def _round_gap(times: list[float]) -> float:
     gaps = sorted(b - a for a, b in itertools.pairwise(times))
     if not gaps:
         return 0.0
-    interval = gaps[int(0.99 * (len(gaps) - 1))]
+    interval = gaps[math.ceil(0.99 * (len(gaps) - 1))]
     return min(ROUND_GAP_S, interval / 2)
 
 

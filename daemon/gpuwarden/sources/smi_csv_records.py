@@ -81,7 +81,7 @@ _EXPECTED = {
 _LOST = {"[gpu is lost]": "GPU is lost", "[gpu requires reset]": "GPU requires reset"}
 _UNKNOWN = {"", "n/a", "not supported", "unknown", "unknown error"}
 _HEADER_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\s*(\[[^\]]*\])?")
-_NUMBER = re.compile(r"(\d+(?:\.\d*)?|\.\d+|\d+,\d+)\s*(\S+)?")
+_NUMBER = re.compile(r"(\d+,\d+|\d+(?:\.\d*)?|\.\d+)\s*(\S+)?")
 _DECIMAL_COMMA = re.compile(r"(?<=\d),(?=\d)")  # 310,45: one number, not two fields
 _PROTECTED = "\x1f"  # stands in for a decimal comma while a line is split into fields
 _MASK = re.compile(r"0x[0-9a-f]+|\d+")
