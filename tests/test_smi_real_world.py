@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.errors import InputError
-from gpuwarden.sources.smi_csv import SmiCsvSource, load_smi_csv, parse_smi_csv
+from gpuwarden.sources.smi_csv import SmiCsvSource, SmiFrame, load_smi_csv, parse_smi_csv
 from gpuwarden.sources.smi_csv_records import split_columns
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "smi"
@@ -20,13 +20,15 @@ def epoch(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
-def table(frames: tuple, *fields: str) -> list[tuple[float, list[tuple]]]:
+def table(
+    frames: tuple[SmiFrame, ...], *fields: str
+) -> list[tuple[float, list[tuple[object, ...]]]]:
     """Each frame's time and, per GPU, its index then the named GpuState fields."""
-    out = []
+    out: list[tuple[float, list[tuple[object, ...]]]] = []
     for frame in frames:
-        rows = []
+        rows: list[tuple[object, ...]] = []
         for gpu in frame.gpus:
-            values = [gpu.index]
+            values: list[object] = [gpu.index]
             for name in fields:
                 value: object = gpu
                 for part in name.split("."):
