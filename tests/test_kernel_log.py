@@ -57,7 +57,7 @@ Expected = list[tuple[str, EventKind, int, int | None]]
 LOGS: dict[str, tuple[dict[str, Any], Expected]] = {
     # file, options, expected events
     "dmesg-driver-470.txt": ({"boot_time": BOOT}, PRECISE),
-    "dmesg-T-driver-535.txt": ({"tz": "Europe/Berlin"}, SECONDS),
+    "dmesg-T-driver-535.txt": ({}, SECONDS),
     "journalctl-k-driver-550.txt": ({}, WITHOUT_SECOND_13),
     "journalctl-k-json-driver-570.jsonl": ({}, [e for i, e in enumerate(PRECISE) if i != 4]),
     "kern-log-without-pid.txt": ({}, WITHOUT_SECOND_13),
@@ -96,7 +96,7 @@ def test_each_kernel_log_gives_the_same_events_per_gpu_and_time(name):
 
 
 def test_event_details_name_the_driver_words_the_bus_and_the_process():
-    source, wrapped = replay("dmesg-T-driver-535.txt", tz="Europe/Berlin")
+    source, wrapped = replay("dmesg-T-driver-535.txt")
     snap = wrapped.snapshot(source.start_time + 20)
     details = [(e.xid, e.detail) for e in snap.events if e.kind is EventKind.XID]
     assert details == [
@@ -126,6 +126,16 @@ def test_event_details_name_the_driver_words_the_bus_and_the_process():
     lost = [e for e in snap.events if e.kind is EventKind.GPU_LOST]
     assert [(e.gpu, e.detail) for e in lost] == [
         (1, "GPU has fallen off the bus [kernel: PCI:0000:3b:00.0]")
+    ]
+
+
+def test_local_times_are_read_in_the_zone_given(tmp_path):
+    berlin = tmp_path / "dmesg-T-berlin.txt"  # the same log, written on a machine in Berlin
+    text = (KERNEL / "dmesg-T-driver-535.txt").read_text()
+    berlin.write_text(text.replace("Mar  3 14:00:", "Mar  3 15:00:"))
+    feed = ReplayFeed(berlin, tz="Europe/Berlin")  # CET, UTC+1, in March before the 29th
+    assert [us(t) for t in feed.times] == [
+        us(epoch(s)) for s in [SECONDS[0][0], *[t for t, *_ in SECONDS]]
     ]
 
 

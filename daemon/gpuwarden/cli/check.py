@@ -143,10 +143,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from gpuwarden import drill
     from gpuwarden.playbook import loader
 
-    cfg = load_config(args.config)
-    playbooks = loader.load(playbook_paths(args.playbooks, cfg), cfg)
     spec = with_sample(_drill_spec(args.scenario), args.at_sample)
     options = replay_options(args)
+    cfg = load_config(args.config)
+    playbooks = loader.load(playbook_paths(args.playbooks, cfg), cfg)
     if args.tick is not None and args.tick <= 0:
         raise UsageError("--tick must be positive")
     if args.cloud and not cfg.cloud.profiles:
