@@ -117,7 +117,7 @@ class WithEvents:
     def __init__(self, source: Source, feeds: Sequence[EventFeed]) -> None:
         self.inner = source
         self.feeds = list(feeds)
-        self.name = source.name
+        self.name = f"{source.name} with {', '.join(f.name for f in self.feeds)}"
         self._origin: float | None = getattr(source, "start_time", None)
         self._gpu_by_bus: dict[tuple[int, int, int], int] = {}
         self._gpu_by_uuid: dict[str, int] = {}
