@@ -167,6 +167,12 @@ class WithEvents:
         merged = sorted((*snap.events, *events), key=lambda e: e.time)
         return replace(snap, events=tuple(merged))
 
+    def peek(self, now: float) -> Snapshot:
+        """The source's own second look; the feeds keep their reports for the next snapshot."""
+        look = getattr(self.inner, "peek", self.inner.snapshot)
+        snap: Snapshot = look(now)
+        return snap
+
     def _event(self, report: Report, when: float, key: tuple[int, int, int] | None) -> Event:
         gpu = None if key is None else self._gpu_by_bus.get(key)
         if gpu is None and key is not None and key in self._uuid_by_bus:

@@ -409,6 +409,13 @@ class ScenarioSource:
         return spec.pci_bus_id or f"00000000:{0x18 + spec.index * 0x10:02X}:00.0"
 
     def snapshot(self, now: float) -> Snapshot:
+        return self._snapshot(now, consume=True)
+
+    def peek(self, now: float) -> Snapshot:
+        """``snapshot`` without events, leaving them to the next one (see ``Source``)."""
+        return self._snapshot(now, consume=False)
+
+    def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         offset = max(0.0, now - self.start_time)
         state = self._state_at(offset)
         alive = {job_id for job_id, s in self.standins.items() if s.alive()}
@@ -431,11 +438,12 @@ class ScenarioSource:
             gpu = self._gpu_state(spec, values, present)
             gpus.append(gpu)
             was_lost = self._lost.get(spec.index, False)
-            if gpu.lost and not was_lost and self._last_offset is not None:
+            if consume and gpu.lost and not was_lost and self._last_offset is not None:
                 events.append(
                     Event(EventKind.GPU_LOST, now, spec.index, None, gpu.error or "GPU is lost")
                 )
-            self._lost[spec.index] = gpu.lost
+            if consume:
+                self._lost[spec.index] = gpu.lost
             if gpu.lost:
                 continue
             for job_id, mib in present.items():
@@ -461,10 +469,11 @@ class ScenarioSource:
                         gpu_uuid=gpu.uuid,
                     )
                 )
-        for frame, when in self._events(offset):
-            for e in frame.events:
-                events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
-        self._last_offset = offset
+        if consume:
+            for frame, when in self._events(offset):
+                for e in frame.events:
+                    events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
+            self._last_offset = offset
         events.sort(key=lambda e: e.time)
         return Snapshot(
             host=self.scenario.host,

@@ -264,14 +264,23 @@ class SmiCsvSource:
         return False
 
     def snapshot(self, now: float) -> Snapshot:
+        return self._snapshot(now, consume=True)
+
+    def peek(self, now: float) -> Snapshot:
+        """``snapshot`` without events, leaving them to the next one (see ``Source``)."""
+        return self._snapshot(now, consume=False)
+
+    def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         gpus = self.frame_at(now).gpus
-        before = self._lost or {}
-        events = tuple(
-            Event(EventKind.GPU_LOST, now, g.index, None, g.error or "GPU is lost")
-            for g in gpus
-            if g.lost and before.get(g.index) is False
-        )
-        self._lost = {g.index: g.lost for g in gpus}
+        events: tuple[Event, ...] = ()
+        if consume:
+            before = self._lost or {}
+            events = tuple(
+                Event(EventKind.GPU_LOST, now, g.index, None, g.error or "GPU is lost")
+                for g in gpus
+                if g.lost and before.get(g.index) is False
+            )
+            self._lost = {g.index: g.lost for g in gpus}
         return Snapshot(
             host=self.host,
             time=now,
