@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import psutil
 
 from gpuwarden.errors import UsageError
-from gpuwarden.model import Event, EventKind, Snapshot
+from gpuwarden.model import Event, EventKind, GpuState, Snapshot
 from gpuwarden.sources import Source, kernel_log
 from gpuwarden.sources.kernel_log import Report, Uuid, pci_key
 
@@ -122,6 +122,7 @@ class WithEvents:
         self._gpu_by_bus: dict[tuple[int, int, int], int] = {}
         self._gpu_by_uuid: dict[str, int] = {}
         self._uuid_by_bus: dict[tuple[int, int, int], str] = {}
+        self._gpus_seen: tuple[GpuState, ...] | None = None
         for feed in self.feeds:
             feed.bind(self._origin)
 
@@ -140,28 +141,32 @@ class WithEvents:
 
     def snapshot(self, now: float) -> Snapshot:
         snap = self.inner.snapshot(now)
-        for gpu in snap.gpus:
-            key = pci_key(gpu.pci_bus_id)
-            if key is not None:
-                self._gpu_by_bus[key] = gpu.index
-            if gpu.uuid:
-                self._gpu_by_uuid[gpu.uuid] = gpu.index
+        if snap.gpus is not self._gpus_seen:  # the same GPUs as last time: nothing to learn
+            self._gpus_seen = snap.gpus
+            for gpu in snap.gpus:
+                key = pci_key(gpu.pci_bus_id)
+                if key is not None:
+                    self._gpu_by_bus[key] = gpu.index
+                if gpu.uuid:
+                    self._gpu_by_uuid[gpu.uuid] = gpu.index
         shift = 0.0 if self._origin is None else self.start_time - self._origin
+        taken = [(w, s) for feed in self.feeds for w, s in feed.take(now - shift)]
+        if not taken:
+            return snap
         lost = {e.gpu for e in snap.events if e.kind is EventKind.GPU_LOST}
         events: list[Event] = []
-        for feed in self.feeds:
-            for when, said in feed.take(now - shift):
-                key = pci_key(said.bus)
-                if isinstance(said, Uuid):
-                    if key is not None:
-                        self._uuid_by_bus[key] = said.uuid
-                    continue
-                event = self._event(said, when + shift, key)
-                if event.kind is EventKind.GPU_LOST and event.gpu is not None:
-                    if event.gpu in lost:
-                        continue  # the source saw it turn lost in this very snapshot
-                    lost.add(event.gpu)
-                events.append(event)
+        for when, said in taken:
+            key = pci_key(said.bus)
+            if isinstance(said, Uuid):
+                if key is not None:
+                    self._uuid_by_bus[key] = said.uuid
+                continue
+            event = self._event(said, when + shift, key)
+            if event.kind is EventKind.GPU_LOST and event.gpu is not None:
+                if event.gpu in lost:
+                    continue  # the source saw it turn lost in this very snapshot
+                lost.add(event.gpu)
+            events.append(event)
         if not events:
             return snap
         merged = sorted((*snap.events, *events), key=lambda e: e.time)

@@ -31,6 +31,7 @@ Time stamps, one form per line (``docs/scenarios.md`` has an example of each):
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ class Entry:
     says: Report | Uuid
 
 
+@functools.lru_cache(maxsize=1024)  # a machine has a few bus ids, read every snapshot
 def pci_key(bus: str | None) -> tuple[int, int, int] | None:
     """(domain, bus, device) of a PCI address in any spelling: ``00000000:3B:00.0`` (NVML,
     nvidia-smi), ``0000:3b:00`` (the driver's messages); ``None`` if it is not one."""
