@@ -487,3 +487,16 @@ def test_at_time_shows_the_last_sample_taken_by_then(late_rows, at, util, shown)
 def test_at_sample_offsets_are_the_rounds_own_times(late_rows):
     assert [late_rows.sample_offset(n) for n in (1, 2, 3)] == [0.0, 1.007, 2.014]
     assert late_rows.frame_at(late_rows.start_time + late_rows.sample_offset(2)).line == 4
+
+
+def test_a_semicolon_in_a_quoted_name_does_not_change_the_files_delimiter():
+    text = (
+        "timestamp, index, name, utilization.gpu [%]\n"
+        "2026/01/10 03:12:01.123, 0, NVIDIA A100-SXM4-80GB, 97 %\n"
+        '2026/01/10 03:12:02.123, 0, "lab card; rev 2", 98 %\n'
+    )
+    frames = parse_smi_csv(text, file="quoted.csv")
+    assert [(f.gpus[0].name, f.gpus[0].utilization_pct) for f in frames] == [
+        ("NVIDIA A100-SXM4-80GB", 97),
+        ("lab card; rev 2", 98),
+    ]

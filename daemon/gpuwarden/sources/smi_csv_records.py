@@ -276,7 +276,7 @@ class Reader:
             problem = exc.problems[0]
             raise UsageError(f"columns for {file}: {problem.message}", problem.expected) from None
         self.prev_time: float | None = None
-        self.delimiter = ","  # of the line being read
+        self.delimiter = ","  # the file's (a spreadsheet's re-save uses ";")
 
     def fail(self, line: int, col: int, what: str, expected: str, hint: str = "") -> InputError:
         """An error at line:col; ``expected`` is a column kind or the words themselves."""
@@ -300,7 +300,8 @@ class Reader:
                 index = None if handle["index"] is None else int(handle["index"])
                 records.append(Record(number, index=index, bus=handle["bus"], error=line))
                 continue
-            self.delimiter = delimiter_of(raw)
+            if not records:  # the file's delimiter, told by its first lines
+                self.delimiter = delimiter_of(raw)
             if self.delimiter == ",":
                 raw = protect_decimal_commas(raw)
             fields = _split(raw, 0, self.delimiter)
