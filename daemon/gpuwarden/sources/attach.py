@@ -66,12 +66,14 @@ class Attached:
             return False
 
 
-def trusted_uid(path: str | Path | None) -> int:
+def trusted_uid(path: str | Path | None, info: os.stat_result | None = None) -> int:
     """The uid whose processes a scenario file may attach to (0: any): its owner's. A file
-    others can write is trusted with nothing. ``None`` (a scenario built in code): ours."""
+    others can write is trusted with nothing. ``info``: the facts of the file as it was read
+    (``os.fstat`` of the descriptor it was read from); ``None`` path (a scenario built in
+    code): ours."""
     if path is None:
         return os.getuid()
-    info = os.stat(path)
+    info = info or os.stat(path)
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise AttachError(
             f"{path} can be changed by other users (mode {stat.S_IMODE(info.st_mode):04o})",

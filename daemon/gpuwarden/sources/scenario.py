@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -136,6 +137,7 @@ class ScenarioSource:
         workdir: Path | None = None,
         spawn: bool = True,
         located: yamlfile.Located | None = None,
+        file_facts: os.stat_result | None = None,
     ) -> None:
         self.scenario = scenario
         self.name = f"scenario:{path}" if path else f"scenario:{scenario.name}"
@@ -162,7 +164,7 @@ class ScenarioSource:
         self.standins: dict[str, Standin] = {}
         self.attached: dict[str, Attached] = {}
         try:
-            self._attach(path, located)
+            self._attach(path, located, file_facts)
             if self.attached and self._attributor is None:
                 self._attributor = ProcessAttributor(priorities or Priorities())
             for job in scenario.jobs:
@@ -174,17 +176,19 @@ class ScenarioSource:
 
     @classmethod
     def open(cls, path: str | Path, **kwargs: Any) -> ScenarioSource:
-        scenario, located = scenario_format.load_located(path)
-        return cls(scenario, path=str(path), located=located, **kwargs)
+        scenario, located, facts = scenario_format.load_checked(path)
+        return cls(scenario, path=str(path), located=located, file_facts=facts, **kwargs)
 
-    def _attach(self, path: str, located: yamlfile.Located | None) -> None:
+    def _attach(
+        self, path: str, located: yamlfile.Located | None, facts: os.stat_result | None
+    ) -> None:
         """Find the live process of every ``attach`` job (read only: nothing is signalled)."""
         jobs = [(i, job) for i, job in enumerate(self.scenario.jobs) if job.attach is not None]
         if not jobs:
             return
         file = path or f"scenario {self.scenario.name}"
         try:
-            trusted = attach.trusted_uid(path or None)
+            trusted = attach.trusted_uid(path or None, facts)
         except attach.AttachError as exc:
             raise InputError.at(file, None, None, exc.message, exc.expected, exc.hint) from None
         for i, job in jobs:

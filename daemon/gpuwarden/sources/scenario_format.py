@@ -7,6 +7,7 @@ reports every problem as ``file:line:col``; ``sources/scenario.py`` plays it bac
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import shlex
 from pathlib import Path
@@ -409,7 +410,15 @@ def load(path: str | Path) -> Scenario:
 
 def load_located(path: str | Path) -> tuple[Scenario, yamlfile.Located]:
     """``load``, with where each key stands (for errors found later, such as ``attach``)."""
-    located = yamlfile.load(path)
+    scenario, located, _facts = load_checked(path)
+    return scenario, located
+
+
+def load_checked(path: str | Path) -> tuple[Scenario, yamlfile.Located, os.stat_result]:
+    """``load_located``, with the owner and mode of the very file that was read (who may
+    write it bounds what its ``attach`` jobs may reach)."""
+    text, facts = yamlfile.read(path)
+    located = yamlfile.parse(text, str(path))
     if not isinstance(located.data, dict):
         raise located.error(
             (), "a scenario must be a mapping", "keys name, host, gpus, jobs, timeline"
@@ -418,4 +427,4 @@ def load_located(path: str | Path) -> tuple[Scenario, yamlfile.Located]:
     problems = _cross_check(scenario, located)
     if problems:
         raise InputError(problems)
-    return scenario, located
+    return scenario, located, facts
