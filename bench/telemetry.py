@@ -10,16 +10,54 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from gpuwarden.cli.status_view import render_table, snapshot_dict
 from gpuwarden.config import Priorities
 from gpuwarden.model import Snapshot
+from gpuwarden.sources import kernel_log
+from gpuwarden.sources.kernel_events import ReplayFeed, WithEvents
 from gpuwarden.sources.procs import Attributor
 from gpuwarden.sources.scenario import ScenarioSource
 from gpuwarden.sources.smi_csv import SmiCsvSource
 from harness import ROOT, banner, header, measure
 
 ATTRIBUTED = 64  # real processes, as many as a busy 8-GPU node runs
+
+
+KERNEL_LINES = 10_000  # a day of a busy node's dmesg -T, one XID report in a thousand lines
+
+
+def kernel_events(csv: Path) -> None:
+    """Reading a saved kernel log, and the cost it adds to each replayed snapshot."""
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-") as scratch:
+        log = Path(scratch) / "dmesg.txt"
+        lines = []
+        for n in range(KERNEL_LINES):
+            stamp = f"[Sun Jan 10 {3 + n // 3600 % 20:02d}:{n // 60 % 60:02d}:{n % 60:02d} 2026]"
+            if n % 1000 == 999:
+                lines.append(
+                    f"{stamp} NVRM: Xid (PCI:0000:47:00): 31, pid={n}, name=python3, Ch 00000010,"
+                    " intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted"
+                )
+            else:
+                lines.append(f"{stamp} eth0: renamed from veth{n:x}: link becomes ready")
+        log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        measure(
+            f"kernel log parse ({KERNEL_LINES} lines, dmesg -T)",
+            lambda: kernel_log.load(log),
+            rounds=5,
+        )
+        smi = SmiCsvSource(csv)
+        wrapped = WithEvents(smi, [ReplayFeed(log)])
+        at = [smi.start_time]
+
+        def tick() -> object:
+            at[0] += 1
+            return wrapped.snapshot(at[0])
+
+        measure("nvidia-smi CSV replay snapshot + kernel-log events", tick)
 
 
 def main() -> None:
@@ -50,6 +88,7 @@ def main() -> None:
     measure("nvidia-smi CSV replay snapshot, 4 GPUs", tick_smi)
     rows = max(0, len(csv.read_text(encoding="utf-8").splitlines()) - 1)
     measure(f"nvidia-smi CSV load + parse ({rows} rows)", lambda: SmiCsvSource(csv), rounds=5)
+    kernel_events(csv)
 
     nvml()
 

@@ -272,3 +272,13 @@ def test_schema_accepts_the_short_forms_the_loader_accepts() -> None:
     ]
     document = {"rules": [{"name": "a", "when": "gpu.lost", "for": "2m", "steps": steps}]}
     jsonschema.validate(document, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_check_prints_a_sub_second_tick_as_written(tmp_path: Path) -> None:
+    config = tmp_path / "fast.yaml"
+    config.write_text("tick: 500ms\n")
+    playbook = tmp_path / "one.yaml"
+    playbook.write_text("rules:\n  - {name: hot, for_each: gpu, when: gpu.temperature_c > 90}\n")
+    result = gpuwarden("check", "--config", config, playbook)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].startswith("           tick 500ms, timezone UTC")

@@ -566,3 +566,20 @@ def test_a_real_snapshot_is_consistent() -> None:
             assert proc.gpu_uuid in uuids
             assert proc.pid > 0
             assert proc.info.pid == proc.pid
+
+
+def test_a_peek_leaves_the_events_to_the_next_snapshot(nvml: FakeNvml, open_source) -> None:
+    source = open_source()
+    source.snapshot(NOW)
+    nvml.emit_xid(5, 79)
+    nvml.gpus[2].lost = GPU_IS_LOST
+    watcher = source._watcher
+    assert watcher is not None
+    deadline = time.monotonic() + 5.0
+    while not watcher._pending and time.monotonic() < deadline:  # the thread has it waiting
+        time.sleep(0.005)
+    peeked = source.peek(NOW + 1)
+    assert peeked.events == ()
+    assert peeked.gpus[2].lost
+    snap = source.snapshot(NOW + 2)
+    assert sorted((str(e.kind), e.gpu) for e in snap.events) == [("gpu_lost", 2), ("xid", 5)]

@@ -56,3 +56,19 @@ def test_rejects(text: object) -> None:
 )
 def test_format(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.5, "500ms"),
+        (0.25, "250ms"),
+        (1.5, "1.5s"),
+        (2, "2s"),
+        (90.5, "1m30.5s"),
+        (150, "2m30s"),
+        (3900, "1h05m"),
+    ],
+)
+def test_format_exact_keeps_what_was_written(seconds: float, text: str) -> None:
+    assert format_duration(seconds, exact=True) == text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -110,3 +112,14 @@ def test_merge_keys_are_refused() -> None:
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(InputError, match="no such file"):
         yamlfile.load(tmp_path / "absent.yaml")
+
+
+def test_read_gives_the_facts_of_the_file_it_read(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text("a: 1\n")
+    path.chmod(0o640)
+    text, facts = yamlfile.read(path)
+    assert text == "a: 1\n"
+    assert (facts.st_mode & 0o777, facts.st_ino) == (0o640, path.stat().st_ino)
+    with pytest.raises(InputError, match="is a directory"):
+        yamlfile.read(tmp_path)

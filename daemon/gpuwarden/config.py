@@ -371,6 +371,7 @@ class Config(_Strict):
     host: str | None = None
     tick: Seconds = Field(default=2.0, gt=0)
     source: str = "nvml"
+    events: tuple[str, ...] = ()
     playbooks: Path = Path("/etc/gpuwarden/playbooks")
     state_dir: Path = Path("/var/lib/gpuwarden")
     # Where jobs acknowledge checkpoint requests: root-owned, one directory per user in it
@@ -403,6 +404,17 @@ class Config(_Strict):
             raise ValueError(
                 f"unknown time zone {value!r}; use an IANA name such as 'UTC' or 'Europe/Berlin'"
             ) from None
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _event_forms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            scheme, sep, rest = item.partition(":")
+            if not (scheme == "kmsg" or (scheme == "dmesg" and sep and rest)):
+                raise ValueError(
+                    f"unknown events {item!r}; use kmsg, kmsg:journal, kmsg:PATH or dmesg:FILE"
+                )
         return value
 
     @model_validator(mode="after")

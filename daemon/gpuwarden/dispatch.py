@@ -194,8 +194,10 @@ class Dispatcher:
     def _still_needed(self, intent: Intent) -> Callable[[], bool]:
         def check() -> bool:
             now = self.clock.now()
+            # A second look between ticks: it must not take the events the next tick reports.
+            look = getattr(self.source, "peek", self.source.snapshot)
             with self._source_lock:
-                snapshot = self.source.snapshot(now)
+                snapshot = look(now)
             return self.engine.still_needed(intent, snapshot, now)
 
         return check

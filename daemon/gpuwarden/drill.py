@@ -1,4 +1,7 @@
-"""``gpuwarden drill``: run a scenario through the real engine on a simulated clock.
+"""``gpuwarden drill``: run a recording through the real engine on a simulated clock.
+
+The recording is a scenario, or an nvidia-smi log (no processes: steps that pick processes find
+none), with kernel-log events beside it if asked (``--events dmesg:FILE``).
 
 Nothing outside the process is touched: no job is spawned, signalled or killed, nobody is
 notified, no cloud API is called. Each intent is completed at once with a simulated outcome, and
@@ -26,7 +29,10 @@ from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.model import Intent, Outcome, RuleChange, Target
 from gpuwarden.playbook.loader import PlaybookSet
-from gpuwarden.sources.scenario import ScenarioSource
+from gpuwarden.sources.select import Options, SourceSpec, open_source
+
+# What a drill needs of its source: a ScenarioSource or an SmiCsvSource (maybe with events).
+DrillSource = Any
 
 
 @dataclass
@@ -43,7 +49,7 @@ class Summary:
     notify_queued: int = 0
 
 
-def _target(target: Target, source: ScenarioSource) -> dict[str, Any]:
+def _target(target: Target, source: DrillSource) -> dict[str, Any]:
     return {
         "pid": target.pid,
         "job": source.job_of(target.pid),
@@ -77,9 +83,7 @@ def cloud_plan(config: Config, profile_name: str, count: int | None) -> dict[str
     return record
 
 
-def _step_record(
-    intent: Intent, t: float, source: ScenarioSource, config: Config
-) -> dict[str, Any]:
+def _step_record(intent: Intent, t: float, source: DrillSource, config: Config) -> dict[str, Any]:
     record: dict[str, Any] = {
         "t": round(t, 3),
         "kind": "step",
@@ -127,16 +131,21 @@ def _change_record(change: RuleChange, t: float) -> dict[str, Any]:
 
 
 def run(
-    scenario: Path,
+    scenario: Path | SourceSpec,
     config: Config,
     playbooks: PlaybookSet,
     *,
+    options: Options | None = None,
     tick: float | None = None,
     summary: Summary | None = None,
     notify: Path | None = None,
     cloud: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the drill's timeline, one record at a time (see docs/playbooks.md, "Drills").
+
+    ``scenario`` is a scenario file, or a replayed source (``scenario:`` or ``smi-csv:``,
+    from its ``@TIME`` or ``@#N`` on); ``options`` how to read it and the kernel-log events
+    beside it.
 
     With ``notify`` (a journal file for the drill's own outbox) the messages the run would send
     are really delivered to the config's targets, marked ``[DRILL]``; otherwise nobody is told.
@@ -146,16 +155,19 @@ def run(
     interval = tick or config.tick
     summary = summary if summary is not None else Summary()
     began = time.perf_counter()
-    with (
-        ScenarioSource.open(scenario, priorities=config.priorities, spawn=False) as source,
-        contextlib.ExitStack() as closing,
-    ):
+    spec = scenario if isinstance(scenario, SourceSpec) else SourceSpec("scenario", str(scenario))
+    with contextlib.ExitStack() as closing:
+        source: DrillSource = open_source(spec, config, options, drill=True)
+        closing.callback(source.close)
+        offset = spec.at or 0.0
+        if spec.sample is not None:
+            offset = source.sample_offset(spec.sample)
         engine = Engine(playbooks, config)
         asker = None
         if cloud is not None and config.cloud.profiles:
-            asker = _CloudAsker(config, cloud, config.host or source.scenario.host)
+            asker = _CloudAsker(config, cloud, config.host or source.host)
             closing.callback(asker.close)
-        clock = SimClock(start=source.start_time)
+        clock = SimClock(start=source.start_time + offset)
         told = None
         if notify is not None:
             from gpuwarden.notify.service import FLUSH_AHEAD, Notifications
@@ -163,16 +175,16 @@ def run(
             told = Notifications(
                 config,
                 notify,
-                host=source.scenario.host,
+                host=source.host,
                 marker="[DRILL]",
                 background=False,
                 clock=clock,
                 descriptions={r.name: r.spec.description for r in playbooks.rules},
                 rules=[r.spec for r in playbooks.rules],
             )
-        steps = int(source.duration / interval + 1e-9)
+        steps = int(max(0.0, source.duration - offset) / interval + 1e-9)
         for n in range(steps + 1):
-            now = source.start_time + n * interval
+            now = source.start_time + offset + n * interval
             clock.advance(now - clock.now())
             t = now - source.start_time
             snapshot = source.snapshot(now)

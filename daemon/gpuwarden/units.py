@@ -52,8 +52,19 @@ def parse_duration(value: object) -> float:
     return total
 
 
-def format_duration(seconds: float) -> str:
-    """A short human form: ``45s``, ``2m30s``, ``3h05m``, ``2d04h``."""
+def format_duration(seconds: float, *, exact: bool = False) -> str:
+    """A short human form: ``45s``, ``2m30s``, ``3h05m``, ``2d04h``.
+
+    ``exact`` keeps what a person wrote in a config or playbook readable as written: under a
+    minute nothing is rounded away (``500ms``, ``1.5s``, ``1m30.5s``)."""
+    if exact and seconds != int(seconds):
+        if seconds < 1:
+            return f"{seconds * 1000:.6g}ms"
+        if seconds < 60:
+            return f"{seconds:.6g}s"
+        if seconds < 3600:
+            m, rest = divmod(seconds, 60)
+            return f"{int(m)}m{rest:.6g}s"
     s = round(seconds)
     if s < 60:
         return f"{s}s"

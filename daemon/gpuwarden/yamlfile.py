@@ -8,6 +8,8 @@ pydantic model over the data and maps each validation error back to a position.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,9 +325,21 @@ def parse(text: str, file: str) -> Located:
 
 def load(path: str | Path) -> Located:
     """Read and parse a YAML file; a missing or unreadable file is an ``InputError``."""
+    return parse(read(path)[0], str(path))
+
+
+def read(path: str | Path) -> tuple[str, os.stat_result]:
+    """The text of a file and the facts of the very file it was read from (owner, mode): a
+    decision about who wrote it is made on what was read, not on what the path names later.
+    A missing or unreadable file is an ``InputError``."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as file:
+            facts = os.fstat(file.fileno())
+            if stat.S_ISDIR(facts.st_mode):
+                raise IsADirectoryError(21, "Is a directory")
+            text = file.read().decode("utf-8")
     except FileNotFoundError:
         raise InputError.at(name, None, None, "no such file") from None
     except IsADirectoryError:
@@ -333,7 +347,7 @@ def load(path: str | Path) -> Located:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise InputError.at(name, None, None, f"cannot read the file: {reason}") from None
-    return parse(text, name)
+    return text, facts
 
 
 # Pydantic's words for a wrong container, in the words of a YAML file.

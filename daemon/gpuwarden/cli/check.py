@@ -12,8 +12,16 @@ from typing import Any
 
 from gpuwarden import config
 from gpuwarden.cli.cloud import credential_warnings
-from gpuwarden.cli.common import config_path, duration, load_config, playbook_paths
+from gpuwarden.cli.common import (
+    add_replay_options,
+    config_path,
+    duration,
+    load_config,
+    playbook_paths,
+    replay_options,
+)
 from gpuwarden.errors import ExitCode, InputError, UsageError
+from gpuwarden.sources.select import SourceSpec, parse_spec, with_sample
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -39,11 +47,18 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     drill = sub.add_parser(
         "drill",
         parents=[common],
-        help="rehearse the playbooks against a scenario on a simulated clock",
-        description="Run a scenario through the real engine, as fast as the CPU allows, and "
-        "print what would happen second by second. Nothing outside this process is touched.",
+        help="rehearse the playbooks against a scenario or a log on a simulated clock",
+        description="Run a scenario or an nvidia-smi log through the real engine, as fast as "
+        "the CPU allows, and print what would happen second by second. Nothing outside this "
+        "process is touched.",
     )
-    drill.add_argument("scenario", type=Path, metavar="SCENARIO")
+    drill.add_argument(
+        "scenario",
+        metavar="SOURCE",
+        help="a scenario file, an nvidia-smi log (FILE.csv), or scenario:FILE / smi-csv:FILE; "
+        "@TIME or @#N starts the drill there",
+    )
+    add_replay_options(drill)
     drill.add_argument(
         "--playbooks",
         action="append",
@@ -128,12 +143,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from gpuwarden import drill
     from gpuwarden.playbook import loader
 
+    spec = with_sample(_drill_spec(args.scenario), args.at_sample)
+    options = replay_options(args)
     cfg = load_config(args.config)
     playbooks = loader.load(playbook_paths(args.playbooks, cfg), cfg)
-    if not args.scenario.is_file():
-        raise UsageError(
-            f"no such scenario file: {args.scenario}", "shipped scenarios are in scenarios/"
-        )
     if args.tick is not None and args.tick <= 0:
         raise UsageError("--tick must be positive")
     if args.cloud and not cfg.cloud.profiles:
@@ -151,9 +164,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     journal = Path(scratch.name) / "journal.db" if scratch else None
     try:
         for record in drill.run(
-            args.scenario,
+            spec,
             cfg,
             playbooks,
+            options=options,
             tick=args.tick,
             summary=summary,
             notify=journal if args.notify else None,
@@ -169,6 +183,25 @@ def cmd_drill(args: argparse.Namespace) -> int:
         if scratch is not None:
             scratch.cleanup()
     return ExitCode.OK
+
+
+def _drill_spec(text: str) -> SourceSpec:
+    """What ``drill SOURCE`` replays: ``scenario:``/``smi-csv:`` as ``--source`` reads them,
+    a plain file as a scenario, or as an nvidia-smi log when it ends in ``.csv``."""
+    scheme = text.partition(":")[0]
+    if scheme in ("scenario", "smi-csv"):
+        return parse_spec(text)
+    if scheme == "nvml":
+        raise UsageError(
+            "a drill replays a recording, not the live GPUs",
+            "record them first: gpuwarden record --source nvml --out FILE.yaml",
+        )
+    whole = Path(text).is_file()
+    path = text.rpartition("@")[0] if "@" in text and not whole else text
+    if not Path(path).is_file():
+        raise UsageError(f"no such scenario file: {path}", "shipped scenarios are in scenarios/")
+    scheme = "smi-csv" if path.lower().endswith(".csv") else "scenario"
+    return SourceSpec(scheme, text) if whole else parse_spec(f"{scheme}:{text}")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

@@ -4,12 +4,17 @@ and the state directory, each found the same way by every command."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuwarden import config
+from gpuwarden.errors import UsageError
+from gpuwarden.sources.kernel_events import zone_of
+from gpuwarden.sources.select import EVENT_FORMS, Options, parse_events
+from gpuwarden.sources.smi_csv_records import split_columns
 from gpuwarden.units import parse_duration
 
 
@@ -59,3 +64,66 @@ def with_config(
         return command(args, load_config(args.config))
 
     return run
+
+
+def add_replay_options(parser: argparse.ArgumentParser, *, sample: bool = True) -> None:
+    """The options of commands that read a source: kernel-log events beside it, and how to
+    read a replayed log (docs/scenarios.md lists every form)."""
+    parser.add_argument(
+        "--events",
+        action="append",
+        metavar="EVENTS",
+        help=f"kernel-log events beside the source: {EVENT_FORMS} (repeatable)",
+    )
+    parser.add_argument(
+        "--columns",
+        metavar="LIST",
+        help="the columns of an nvidia-smi log written with --format=csv,noheader: "
+        "'timestamp,index,memory.used [MiB],...', or its --query-gpu=... argument as is",
+    )
+    parser.add_argument(
+        "--tz",
+        metavar="ZONE",
+        help="the time zone of local times in replayed logs (nvidia-smi, dmesg -T, "
+        "journalctl -k); default UTC",
+    )
+    parser.add_argument(
+        "--boot-time",
+        metavar="TIME",
+        help="when the machine of a plain dmesg log booted (ISO 8601, in --tz); "
+        "default: the start of the replay",
+    )
+    if sample:
+        parser.add_argument(
+            "--at-sample",
+            type=int,
+            metavar="N",
+            help="show the Nth sample of a log, the Nth keyframe of a scenario (1 is the "
+            "first); the same as @#N",
+        )
+
+
+def replay_options(args: argparse.Namespace, default_events: Sequence[str] = ()) -> Options:
+    """The ``Options`` that ``add_replay_options`` read; ``default_events`` when no
+    ``--events`` was given (the daemon's config)."""
+    given = getattr(args, "events", None)
+    events = tuple(parse_events(e) for e in (given if given is not None else default_events))
+    columns = tuple(split_columns(args.columns)) if getattr(args, "columns", None) else None
+    if columns is not None and not columns:
+        raise UsageError("--columns is empty", "write e.g. --columns 'timestamp,index,name'")
+    tz = getattr(args, "tz", None)
+    zone = zone_of(tz)
+    boot_time = None
+    boot_text = getattr(args, "boot_time", None)
+    if boot_text:
+        try:
+            booted = dt.datetime.fromisoformat(boot_text.replace("Z", "+00:00"))
+        except ValueError:
+            raise UsageError(
+                f"--boot-time {boot_text!r} is not a time",
+                "write e.g. 2026-03-03T09:12:44 (uptime -s on that machine tells it)",
+            ) from None
+        if booted.tzinfo is None:
+            booted = booted.replace(tzinfo=zone)
+        boot_time = booted.timestamp()
+    return Options(columns=columns, tz=tz, events=events, boot_time=boot_time)

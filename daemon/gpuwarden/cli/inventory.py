@@ -9,7 +9,7 @@ from gpuwarden.units import format_duration
 
 def _step(step: CompiledStep) -> str:
     params = step.spec.params
-    after = f"+{format_duration(step.spec.after)} " if step.spec.after else ""
+    after = f"+{format_duration(step.spec.after, exact=True)} " if step.spec.after else ""
     detail = ""
     if step.kind == "notify":
         detail = " " + ", ".join(getattr(params, "targets", ()))
@@ -36,13 +36,13 @@ def _rule(rule: CompiledRule) -> list[str]:
     spec = rule.spec
     timing = []
     if spec.for_:
-        timing.append(f"for {format_duration(spec.for_)}")
+        timing.append(f"for {format_duration(spec.for_, exact=True)}")
     if spec.every is not None:
         timing.append(f"every {spec.every}")
     if spec.active is not None:
         active = spec.active if isinstance(spec.active, str) else "; ".join(spec.active)
         timing.append(f"active {active}")
-    timing.append(f"cooldown {format_duration(spec.cooldown)}")
+    timing.append(f"cooldown {format_duration(spec.cooldown, exact=True)}")
     mode = "  SHADOW" if spec.mode == "shadow" else ""
     lines = [
         f"  {spec.name}  ({spec.for_each}, {spec.severity}{mode})  {rule.file}:{rule.line}",
@@ -68,7 +68,7 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
     p = config.priorities
     lines = [
         f"config     {config_source}",
-        f"           tick {format_duration(config.tick)}, timezone {config.timezone}, "
+        f"           tick {format_duration(config.tick, exact=True)}, timezone {config.timezone}, "
         f"dry_run {'on' if config.dry_run else 'off'}",
         f"priorities {' > '.join(p.names)} (default {p.default}, declared max {p.declared_max})",
     ]

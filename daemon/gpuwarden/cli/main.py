@@ -68,9 +68,21 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _glued(argv: Sequence[str]) -> list[str]:
+    """``--columns --query-gpu=...``: the pasted value begins with a dash, which argparse would
+    take for an option; glue it to its flag (``--columns=--query-gpu=...``)."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--columns" and arg.startswith("-"):
+            out[-1] = f"--columns={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_glued(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -15,7 +15,13 @@ from types import FrameType
 from typing import Any
 
 from gpuwarden import config
-from gpuwarden.cli.common import config_path, playbook_paths, state_dir
+from gpuwarden.cli.common import (
+    add_replay_options,
+    config_path,
+    playbook_paths,
+    replay_options,
+    state_dir,
+)
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.journal.schema import JOURNAL_NAME
 
@@ -32,8 +38,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--source",
         metavar="SOURCE",
-        help="nvml, scenario:FILE[@TIME] or smi-csv:FILE (default: the config's)",
+        help="nvml, scenario:FILE[@TIME] or smi-csv:FILE[@TIME] (default: the config's)",
     )
+    add_replay_options(run)
     run.add_argument(
         "--playbooks",
         action="append",
@@ -69,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuwarden.journal.journal import Journal
     from gpuwarden.playbook import loader
     from gpuwarden.runtime import Runtime
-    from gpuwarden.sources.select import open_source, parse_spec
+    from gpuwarden.sources.select import open_source, parse_spec, with_sample
 
     found = config_path(args.config)
     cfg = config.Config() if found is None else config.load(found)
@@ -77,18 +84,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger("gpuwarden").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     _self_check(args, cfg, paths, found)
     playbooks = loader.load(paths, cfg)
-    spec = parse_spec(args.source or cfg.source)
+    spec = with_sample(parse_spec(args.source or cfg.source), args.at_sample)
+    options = replay_options(args, default_events=cfg.events)
     if args.speed is not None and (args.speed <= 0 or not spec.replay):
         raise UsageError(
             "--speed needs a positive number and a replayed source",
             "for example --source scenario:FILE --speed 20",
         )
     journal = Journal(state_dir(args, cfg) / JOURNAL_NAME)
-    source = open_source(spec, cfg)
+    source = open_source(spec, cfg, options)
     clock: Clock = SystemClock()
     if spec.replay:
         clock = ScaledClock(args.speed or 1.0)
-        source.start_time = clock.now() - (spec.at or 0.0)  # type: ignore[attr-defined]
+        at = spec.at or 0.0
+        if spec.sample is not None:
+            at = source.sample_offset(spec.sample)  # type: ignore[attr-defined]
+        source.start_time = clock.now() - at  # type: ignore[attr-defined]
     power = None
     if spec.scheme == "nvml":
         from gpuwarden.actions.nvml_power import NvmlPower

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden import config
-from gpuwarden.cli.common import duration, load_config
+from gpuwarden.cli.common import add_replay_options, duration, load_config, replay_options
 from gpuwarden.clock import Clock, SimClock, SystemClock
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.model import Snapshot
 from gpuwarden.sources import Source
-from gpuwarden.sources.select import SourceSpec, open_source, parse_spec
+from gpuwarden.sources.select import Options, SourceSpec, open_source, parse_spec, with_sample
 
 log = logging.getLogger("gpuwarden")
 
@@ -34,8 +34,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "--source",
         default="nvml",
         metavar="SOURCE",
-        help="nvml (default), scenario:FILE[@TIME] or smi-csv:FILE[@TIME]",
+        help="nvml (default), scenario:FILE[@TIME] or smi-csv:FILE[@TIME]; @#N for the Nth sample",
     )
+    add_replay_options(status)
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.add_argument(
         "--watch",
@@ -58,6 +59,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     record.add_argument("--out", required=True, type=Path, metavar="FILE")
     record.add_argument("--source", default="nvml", metavar="SOURCE")
+    add_replay_options(record)
     record.add_argument(
         "--duration",
         type=duration,
@@ -82,6 +84,8 @@ def _position(spec: SourceSpec, source: Source, *, real_time: bool) -> Clock:
         return SystemClock()
     start = getattr(source, "start_time", 0.0)
     at = spec.at or 0.0
+    if spec.sample is not None:
+        at = source.sample_offset(spec.sample)  # type: ignore[attr-defined]
     if real_time:
         clock = SystemClock()
         source.start_time = clock.now() - at  # type: ignore[attr-defined]
@@ -97,7 +101,7 @@ def _colour(choice: str) -> bool:
     return sys.stdout.isatty()
 
 
-def _show(snap: Snapshot, args: argparse.Namespace, *, clear: bool) -> None:
+def _show(snap: Snapshot, args: argparse.Namespace, source: Source, *, clear: bool) -> None:
     from gpuwarden.cli.status_view import render_table, snapshot_dict
 
     if args.json:
@@ -105,18 +109,24 @@ def _show(snap: Snapshot, args: argparse.Namespace, *, clear: bool) -> None:
         return
     width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
     text = render_table(snap, width=width, colour=_colour(args.color))
+    position = getattr(source, "position", None)
+    shown = position(snap.time) if position is not None else None
+    if shown:  # which sample of a log this is: @TIME picks the last one taken by then
+        head, _, rest = text.partition("\n")
+        text = f"{head}\n  showing {shown}\n{rest}"
     if clear:
         sys.stdout.write("\x1b[H\x1b[2J")
     print(text, flush=True)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    spec = parse_spec(args.source)
+    spec = with_sample(parse_spec(args.source), args.at_sample)
+    options = replay_options(args)
     cfg = load_config(args.config)
-    with _opened(spec, cfg) as source:
+    with _opened(spec, cfg, options) as source:
         clock = _position(spec, source, real_time=args.watch is not None)
         if args.watch is None:
-            _show(source.snapshot(clock.now()), args, clear=False)
+            _show(source.snapshot(clock.now()), args, source, clear=False)
             return ExitCode.OK
         if args.watch <= 0:
             raise UsageError("--watch needs a positive number of seconds")
@@ -124,7 +134,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             while True:
                 began = clock.monotonic()
-                _show(source.snapshot(clock.now()), args, clear=tty)
+                _show(source.snapshot(clock.now()), args, source, clear=tty)
                 clock.sleep(args.watch - (clock.monotonic() - began))
         except KeyboardInterrupt:
             return ExitCode.OK
@@ -133,12 +143,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_record(args: argparse.Namespace) -> int:
     from gpuwarden.sources import record
 
-    spec = parse_spec(args.source)
+    spec = with_sample(parse_spec(args.source), args.at_sample)
+    options = replay_options(args)
     if args.interval <= 0:
         raise UsageError("--interval must be positive")
     cfg = load_config(args.config)
     snapshots: list[Snapshot] = []
-    with _opened(spec, cfg) as source:
+    with _opened(spec, cfg, options) as source:
         clock = _position(spec, source, real_time=False)
         began = clock.monotonic()
         try:
@@ -163,8 +174,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 class _opened:
     """``with _opened(spec, cfg) as source``: the source is closed however the block ends."""
 
-    def __init__(self, spec: SourceSpec, cfg: config.Config) -> None:
-        self.source = open_source(spec, cfg)
+    def __init__(self, spec: SourceSpec, cfg: config.Config, options: Options) -> None:
+        self.source = open_source(spec, cfg, options)
 
     def __enter__(self) -> Source:
         return self.source

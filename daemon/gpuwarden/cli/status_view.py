@@ -12,7 +12,7 @@ from typing import Any
 from gpuwarden.model import Event, GpuProcess, GpuState, Snapshot
 from gpuwarden.text import iso, safe_text
 from gpuwarden.units import format_duration
-from gpuwarden.xid import describe_xid
+from gpuwarden.xid import describe_xid, xid_action
 
 JSON_VERSION = 1
 
@@ -93,6 +93,7 @@ def event_dict(event: Event) -> dict[str, Any]:
         "gpu": event.gpu,
         "xid": event.xid,
         "detail": event.detail or (describe_xid(event.xid) if event.xid is not None else ""),
+        "action": None if event.xid is None else xid_action(event.xid),
     }
 
 
@@ -273,4 +274,7 @@ def render_table(snap: Snapshot, *, width: int = 80, colour: bool = False) -> st
                 what = f"XID {event.xid} ({describe_xid(event.xid)})"
             detail = f": {safe_text(event.detail)}" if event.detail else ""
             lines.append(f"  {iso(event.time)}  {where}  {paint(what, 'red')}{detail}")
+            action = None if event.xid is None else xid_action(event.xid)
+            if action:
+                lines.append(paint(f"      → {action}", "dim"))
     return "\n".join(lines)

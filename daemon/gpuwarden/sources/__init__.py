@@ -9,7 +9,12 @@ from gpuwarden.model import Snapshot
 
 
 class Source(Protocol):
-    """Produces one Snapshot per call. ``now`` comes from the caller's (injected) clock."""
+    """Produces one Snapshot per call. ``now`` comes from the caller's (injected) clock.
+
+    A snapshot hands out the events seen since the previous one, once. A source may also offer
+    ``peek(now)``: the machine as ``snapshot`` would show it, without events and without
+    taking any, for a second look between ticks (a kill step re-reading the GPUs) that must not
+    swallow an event the next tick's rules should see."""
 
     name: str
 

@@ -144,6 +144,13 @@ class NvmlSource:
         return len(self._gpus)
 
     def snapshot(self, now: float) -> Snapshot:
+        return self._snapshot(now, consume=True)
+
+    def peek(self, now: float) -> Snapshot:
+        """``snapshot`` without events: the watcher keeps them for the next one (``Source``)."""
+        return self._snapshot(now, consume=False)
+
+    def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         if self._closed:
             raise RuntimeError("the NVML source is closed")
         states: list[GpuState] = []
@@ -151,14 +158,18 @@ class NvmlSource:
         lost_events: list[Event] = []
         for index, memo in enumerate(self._gpus):
             state, processes = self._read_gpu(index, memo)
-            if state.lost and memo.lost is False:
-                lost_events.append(
-                    Event(kind=EventKind.GPU_LOST, time=now, gpu=index, detail=state.error or "")
-                )
-            memo.lost = state.lost
+            if consume:
+                if state.lost and memo.lost is False:
+                    lost_events.append(
+                        Event(
+                            kind=EventKind.GPU_LOST, time=now, gpu=index, detail=state.error or ""
+                        )
+                    )
+                memo.lost = state.lost
             states.append(state)
             raw.append((state, processes))
-        events = (self._watcher.drain() if self._watcher else []) + lost_events
+        drained = self._watcher.drain() if self._watcher and consume else []
+        events = drained + lost_events
         return Snapshot(
             host=self._host,
             time=now,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuwarden import yamlfile
 from gpuwarden.config import Priorities
+from gpuwarden.errors import InputError, UsageError
 from gpuwarden.model import (
     Ecc,
     Event,
@@ -31,8 +34,10 @@ from gpuwarden.model import (
     RetiredPages,
     Snapshot,
 )
-from gpuwarden.sources import scenario_format
+from gpuwarden.sources import attach, scenario_format
+from gpuwarden.sources.attach import Attached
 from gpuwarden.sources.priority import PriorityResolver, normalise_signal
+from gpuwarden.sources.procs import Attributor as ProcessAttributor
 from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Keyframe, Scenario
 from gpuwarden.sources.spawn import Standin, spawn
 
@@ -132,6 +137,8 @@ class ScenarioSource:
         workdir: Path | None = None,
         spawn: bool = True,
         ack_spool: Path | None = None,
+        located: yamlfile.Located | None = None,
+        file_facts: os.stat_result | None = None,
     ) -> None:
         self.scenario = scenario
         self.ack_spool = ack_spool  # where stand-ins acknowledge (the daemon's spool)
@@ -157,7 +164,11 @@ class ScenarioSource:
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-scenario-"))
         self.standins: dict[str, Standin] = {}
+        self.attached: dict[str, Attached] = {}
         try:
+            self._attach(path, located, file_facts)
+            if self.attached and self._attributor is None:
+                self._attributor = ProcessAttributor(priorities or Priorities())
             for job in scenario.jobs:
                 if job.spawn and spawn:
                     self.standins[job.id] = self._spawn(job)
@@ -167,7 +178,31 @@ class ScenarioSource:
 
     @classmethod
     def open(cls, path: str | Path, **kwargs: Any) -> ScenarioSource:
-        return cls(scenario_format.load(path), path=str(path), **kwargs)
+        scenario, located, facts = scenario_format.load_checked(path)
+        return cls(scenario, path=str(path), located=located, file_facts=facts, **kwargs)
+
+    def _attach(
+        self, path: str, located: yamlfile.Located | None, facts: os.stat_result | None
+    ) -> None:
+        """Find the live process of every ``attach`` job (read only: nothing is signalled)."""
+        jobs = [(i, job) for i, job in enumerate(self.scenario.jobs) if job.attach is not None]
+        if not jobs:
+            return
+        file = path or f"scenario {self.scenario.name}"
+        try:
+            trusted = attach.trusted_uid(path or None, facts)
+        except attach.AttachError as exc:
+            raise InputError.at(file, None, None, exc.message, exc.expected, exc.hint) from None
+        for i, job in jobs:
+            assert job.attach is not None
+            try:
+                self.attached[job.id] = attach.attach(job.id, job.attach, trusted, file)
+            except attach.AttachError as exc:
+                where = ("jobs", i, "attach")
+                if located is not None:
+                    message = f"job {job.id!r}: {exc.message}"
+                    raise located.error(where, message, exc.expected, exc.hint) from None
+                raise InputError.at(file, None, None, exc.message, exc.expected, exc.hint) from None
 
     def __enter__(self) -> ScenarioSource:
         return self
@@ -191,10 +226,33 @@ class ScenarioSource:
             ack_spool=self.ack_spool,
         )
 
+    @property
+    def host(self) -> str:
+        return self.scenario.host
+
+    def sample_offset(self, number: int) -> float:
+        """Seconds from the scenario's start to its ``number``th keyframe (1 is the first)."""
+        frames = self.scenario.timeline
+        if not 1 <= number <= len(frames):
+            raise UsageError(
+                f"{self.name}: there is no keyframe {number}: the scenario has {len(frames)}",
+                f"pick one from 1 to {len(frames)}",
+            )
+        return frames[number - 1].at
+
+    def position(self, now: float) -> str | None:
+        """Scenarios say nothing more than their time."""
+        del now
+        return None
+
     def pid_of(self, job_id: str) -> int:
-        """The PID a job has in snapshots: the stand-in's real PID, or its synthetic one."""
+        """The PID a job has in snapshots: the stand-in's or the attached process's real PID,
+        or its synthetic one."""
         standin = self.standins.get(job_id)
-        return standin.pid if standin else self._pids[job_id]
+        if standin is not None:
+            return standin.pid
+        attached = self.attached.get(job_id)
+        return attached.pid if attached is not None else self._pids[job_id]
 
     def job_of(self, pid: int) -> str | None:
         """The job id behind a PID in this scenario's snapshots."""
@@ -212,6 +270,7 @@ class ScenarioSource:
         return True
 
     def close(self) -> None:
+        """Stop the stand-ins; attached processes belong to their harness and are left be."""
         for standin in self.standins.values():
             standin.stop()
         if self._owns_workdir:
@@ -362,12 +421,20 @@ class ScenarioSource:
         return spec.pci_bus_id or f"00000000:{0x18 + spec.index * 0x10:02X}:00.0"
 
     def snapshot(self, now: float) -> Snapshot:
+        return self._snapshot(now, consume=True)
+
+    def peek(self, now: float) -> Snapshot:
+        """``snapshot`` without events, leaving them to the next one (see ``Source``)."""
+        return self._snapshot(now, consume=False)
+
+    def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         offset = max(0.0, now - self.start_time)
         state = self._state_at(offset)
         alive = {job_id for job_id, s in self.standins.items() if s.alive()}
+        alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
         real_info: dict[int, ProcessInfo] = {}
         if self._attributor is not None and alive:
-            real_info = self._attributor.describe([self.standins[j].pid for j in alive], now)
+            real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
         infos: dict[str, ProcessInfo] = {}
         gpus: list[GpuState] = []
         processes: list[GpuProcess] = []
@@ -377,23 +444,25 @@ class ScenarioSource:
             present = {
                 j: mib
                 for j, (mib, _sm) in values.jobs.items()
-                if (j in alive or j not in self.standins) and j not in self._vanished
+                if (j in alive or (j not in self.standins and j not in self.attached))
+                and j not in self._vanished
             }
             gpu = self._gpu_state(spec, values, present)
             gpus.append(gpu)
             was_lost = self._lost.get(spec.index, False)
-            if gpu.lost and not was_lost and self._last_offset is not None:
+            if consume and gpu.lost and not was_lost and self._last_offset is not None:
                 events.append(
                     Event(EventKind.GPU_LOST, now, spec.index, None, gpu.error or "GPU is lost")
                 )
-            self._lost[spec.index] = gpu.lost
+            if consume:
+                self._lost[spec.index] = gpu.lost
             if gpu.lost:
                 continue
             for job_id, mib in present.items():
                 job = self._jobs[job_id]
                 if job_id not in infos:
-                    if job_id in self.standins:
-                        pid = self.standins[job_id].pid
+                    if job_id in self.standins or job_id in self.attached:
+                        pid = self.pid_of(job_id)
                         infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
                     else:
                         infos[job_id] = self._info(job)
@@ -412,10 +481,11 @@ class ScenarioSource:
                         gpu_uuid=gpu.uuid,
                     )
                 )
-        for frame, when in self._events(offset):
-            for e in frame.events:
-                events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
-        self._last_offset = offset
+        if consume:
+            for frame, when in self._events(offset):
+                for e in frame.events:
+                    events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
+            self._last_offset = offset
         events.sort(key=lambda e: e.time)
         return Snapshot(
             host=self.scenario.host,

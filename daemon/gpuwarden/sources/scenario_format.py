@@ -7,6 +7,7 @@ reports every problem as ``file:line:col``; ``sources/scenario.py`` plays it bac
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import shlex
 from pathlib import Path
@@ -79,11 +80,64 @@ class GpuSpec(_Strict):
         return value
 
 
+ATTACH_PATTERN_MAX = 200  # characters of an attach: {match: ...} pattern
+
+
+class AttachSpec(_Strict):
+    """A live process the job is, instead of a stand-in: by PID, or by a regex searched in
+    its command line (see ``sources/attach.py``)."""
+
+    pid: int | None = Field(default=None, gt=1)
+    match: str | None = Field(default=None, min_length=1, max_length=ATTACH_PATTERN_MAX)
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_way(self) -> AttachSpec:
+        if (self.pid is None) == (self.match is None):
+            raise ValueError("attach takes one of pid: N or match: REGEX")
+        return self
+
+
+# What an attached job may not declare: the live process says it (its owner, command line,
+# environment, state), and declaring it would grant it a trust its real uid does not give.
+ATTACH_FORBIDS = (
+    "cmdline",
+    "user",
+    "uid",
+    "groups",
+    "env",
+    "spawn",
+    "orphaned",
+    "status",
+    "nice",
+    "cpu_pct",
+    "rss_mib",
+    "container",
+    "pod",
+    "slurm_job",
+    "unit",
+    "started",
+    "on_term",
+    "ack",
+)
+
+
 class JobSpec(_Strict):
-    """A process that uses GPUs. ``spawn: true`` starts a real stand-in process."""
+    """A process that uses GPUs. ``spawn: true`` starts a real stand-in process; ``attach``
+    names a live one instead."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    cmdline: tuple[str, ...]
+    cmdline: tuple[str, ...] = ()
+    attach: AttachSpec | None = None
     user: str | None = None
     uid: int | None = None
     groups: tuple[str, ...] = ()
@@ -118,6 +172,11 @@ class JobSpec(_Strict):
         if not value:
             raise ValueError("the command line is empty")
         return value
+
+    @property
+    def declared(self) -> frozenset[str]:
+        """The fields the file gave for this job."""
+        return frozenset(self.model_fields_set)
 
     @field_validator("env")
     @classmethod
@@ -252,6 +311,27 @@ def _cross_check(scenario: Scenario, located: yamlfile.Located) -> list[Problem]
         gpu_indexes.add(gpu.index)
     job_ids: set[str] = set()
     for i, job in enumerate(scenario.jobs):
+        if job.attach is not None:
+            for name in sorted(job.declared & set(ATTACH_FORBIDS)):
+                problems.append(
+                    located.problem(
+                        ("jobs", i, name),
+                        f"{name} on an attached job",
+                        "attach alone: the live process tells its owner, command line, "
+                        "environment and state",
+                        "remove it; the priority class comes from the process's real "
+                        "owner and environment, never from the scenario",
+                        key=True,
+                    )
+                )
+        elif "cmdline" not in job.declared:
+            problems.append(
+                located.problem(
+                    ("jobs", i),
+                    f"job {job.id!r} has no cmdline",
+                    "cmdline: (the command line), or attach: {pid: N} / {match: REGEX}",
+                )
+            )
         if job.id in job_ids:
             problems.append(
                 located.problem(
@@ -325,7 +405,20 @@ def _cross_check(scenario: Scenario, located: yamlfile.Located) -> list[Problem]
 
 def load(path: str | Path) -> Scenario:
     """Read and validate a scenario file; raises ``InputError`` naming file:line:col."""
-    located = yamlfile.load(path)
+    return load_located(path)[0]
+
+
+def load_located(path: str | Path) -> tuple[Scenario, yamlfile.Located]:
+    """``load``, with where each key stands (for errors found later, such as ``attach``)."""
+    scenario, located, _facts = load_checked(path)
+    return scenario, located
+
+
+def load_checked(path: str | Path) -> tuple[Scenario, yamlfile.Located, os.stat_result]:
+    """``load_located``, with the owner and mode of the very file that was read (who may
+    write it bounds what its ``attach`` jobs may reach)."""
+    text, facts = yamlfile.read(path)
+    located = yamlfile.parse(text, str(path))
     if not isinstance(located.data, dict):
         raise located.error(
             (), "a scenario must be a mapping", "keys name, host, gpus, jobs, timeline"
@@ -334,4 +427,4 @@ def load(path: str | Path) -> Scenario:
     problems = _cross_check(scenario, located)
     if problems:
         raise InputError(problems)
-    return scenario
+    return scenario, located, facts

@@ -3,9 +3,16 @@
 ``sources/smi_csv_records.py`` reads the log's lines into per-GPU records (columns, units,
 nvidia-smi's markers, lost GPUs); this module turns them into ``GpuState`` and plays them back.
 
-Rows are grouped into frames, one per sample: a row starts a new frame when its GPU index is
-already in the current one, or when it was taken a second or more after the frame's first row
-(one sample of all GPUs takes well under a second, so a sample that straddles a second
+A row names its GPU by its ``index`` column; a log without one names it by ``pci.bus_id`` (GPUs
+numbered in PCI bus order, as nvidia-smi numbers them), else by ``uuid`` (numbered in the order
+they first appear), else by the row's place in its sampling round. Rounds are told apart by
+time: nvidia-smi reads the GPUs of one round a few milliseconds apart, so a row taken at least
+``ROUND_GAP_S`` after the previous one (or half the sampling interval, for a log sampled faster
+than every 200 ms) begins a new round.
+
+Rows are then grouped into frames, one per sample: a row starts a new frame when its GPU index
+is already in the current one, or when it was taken a second or more after the frame's first
+row (one sample of all GPUs takes well under a second, so a sample that straddles a second
 boundary stays one frame). A frame's time is its first row's. The log has no per-process data:
 snapshots carry GPUs only.
 """
@@ -14,13 +21,17 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuwarden.errors import InputError
+from gpuwarden.errors import InputError, UsageError
 from gpuwarden.model import THROTTLE_REASONS, Ecc, Event, EventKind, GpuState, Memory, Snapshot
+from gpuwarden.sources import logtext
 from gpuwarden.sources.smi_csv_records import (
     ECC_COLUMNS,
     EXPECTED_LOG,
@@ -42,11 +53,66 @@ class SmiFrame:
     line: int
 
 
+ROUND_GAP_S = 0.1  # rows this far apart belong to two sampling rounds (see the module's text)
+
+
 @functools.lru_cache(maxsize=1024)
 def _bus_key(bus: str) -> str:
     """One spelling of a PCI bus id: rows write ``00000000:3B:00.0``, messages ``0000:3b:00.0``."""
     domain, _, rest = bus.lower().partition(":")
     return f"{int(domain, 16):x}:{rest}" if re.fullmatch(r"[0-9a-f]{1,8}", domain) else bus.lower()
+
+
+def _pci_order(key: str) -> tuple[int, ...]:
+    """A bus id's place in PCI order (domain, bus, device, function); unreadable ones last."""
+    parts = re.split(r"[:.]", key)
+    try:
+        return tuple(int(p, 16) for p in parts)
+    except ValueError:
+        return (1 << 32,)
+
+
+def _round_gap(times: list[float]) -> float:
+    """How far apart two rows must be to belong to two rounds: ``ROUND_GAP_S``, or half the
+    sampling interval (read as the 99th percentile of the gaps between rows) when that is
+    less; 0 when every row has the same time (one round)."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    if not gaps:
+        return 0.0
+    interval = gaps[math.ceil(0.99 * (len(gaps) - 1))]
+    return min(ROUND_GAP_S, interval / 2)
+
+
+def _name_gpus(records: list[Record]) -> None:
+    """Give an index to every timed row of a log without an index column: by its bus id, its
+    UUID or its place in its round (see the module's text). A lost row of a log that names
+    GPUs by bus id or UUID keeps none: ``_frames`` places it after the row before it."""
+    timed = [r for r in records if r.time is not None and r.index is None]
+    if not timed:
+        return
+    buses = sorted({_bus_key(r.bus) for r in timed if r.bus}, key=_pci_order)
+    bus_index = {bus: i for i, bus in enumerate(buses)}
+    uuid_index: dict[str, int] = {}
+    for record in timed:
+        if record.uuid and not record.bus:
+            uuid_index.setdefault(record.uuid, len(uuid_index))
+    by_position = not bus_index and not uuid_index
+    gap = _round_gap([r.time or 0.0 for r in timed]) if by_position else 0.0
+    position, previous = 0, None
+    for record in timed:
+        time = record.time or 0.0
+        position = (
+            0
+            if previous is None or (time - previous > 0 and time - previous >= gap)
+            else position + 1
+        )
+        previous = time
+        if record.bus:
+            record.index = bus_index[_bus_key(record.bus)]
+        elif record.uuid:
+            record.index = uuid_index[record.uuid]
+        elif by_position:
+            record.index = position
 
 
 def _gpu(record: Record, index: int, identity: Record | None) -> GpuState:
@@ -85,6 +151,7 @@ def _frames(records: list[Record], file: str) -> tuple[SmiFrame, ...]:
     GPU" line) joins the sample being read, or the next one if that has its GPU already. A GPU
     named only by its bus id gets the index of the rows with that bus id, else the index after
     the previous record's (nvidia-smi lists GPUs in index order)."""
+    _name_gpus(records)
     by_bus = {_bus_key(r.bus): r for r in records if r.bus and r.index is not None}
     by_index = {r.index: r for r in records if r.index is not None and r.error is None}
     highest = max(by_index, default=None)
@@ -133,20 +200,8 @@ def load_smi_csv(
     path: str | Path, *, columns: Sequence[str] | None = None, tz: str | None = None
 ) -> tuple[SmiFrame, ...]:
     """The frames of the nvidia-smi CSV log at ``path`` (see ``parse_smi_csv``)."""
-    file = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError.at(
-            file, None, None, f"cannot read it ({exc.strerror})", EXPECTED_LOG
-        ) from exc
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        col = exc.start - data.rfind(b"\n", 0, exc.start)
-        raise InputError.at(file, line, col, "this is not UTF-8 text", EXPECTED_LOG) from exc
-    return parse_smi_csv(text, file=file, columns=columns, tz=tz)
+    text = logtext.read(path, EXPECTED_LOG)
+    return parse_smi_csv(text, file=str(path), columns=columns, tz=tz)
 
 
 class SmiCsvSource:
@@ -173,18 +228,59 @@ class SmiCsvSource:
 
     def frame_at(self, now: float) -> SmiFrame:
         """The frame the snapshot at ``now`` shows."""
+        return self.frames[self._number_at(now) - 1]
+
+    def _number_at(self, now: float) -> int:
         position = bisect.bisect_right(self._offsets, now - self.start_time + 1e-6)
-        return self.frames[max(0, position - 1)]
+        return max(1, position)
+
+    def sample_offset(self, number: int) -> float:
+        """Seconds from the log's start to its ``number``th sample (1 is the first)."""
+        if not 1 <= number <= len(self.frames):
+            raise UsageError(
+                f"{self.name}: there is no sample {number}: the log has {len(self.frames)}",
+                f"pick one from 1 to {len(self.frames)}",
+            )
+        return self._offsets[number - 1]
+
+    def position(self, now: float) -> str:
+        """Which sample the snapshot at ``now`` shows, for people: its number, line and time."""
+        number = self._number_at(now)
+        frame = self.frames[number - 1]
+        taken = datetime.fromtimestamp(frame.time, UTC).isoformat(timespec="milliseconds")
+        return (
+            f"sample {number} of {len(self.frames)} (line {frame.line}), "
+            f"taken {taken.replace('+00:00', 'Z')}"
+        )
+
+    def job_of(self, pid: int) -> str | None:
+        """A --query-gpu log names no process."""
+        del pid
+        return None
+
+    def vanish(self, pid: int) -> bool:
+        """Drills: there is no process to take away."""
+        del pid
+        return False
 
     def snapshot(self, now: float) -> Snapshot:
+        return self._snapshot(now, consume=True)
+
+    def peek(self, now: float) -> Snapshot:
+        """``snapshot`` without events, leaving them to the next one (see ``Source``)."""
+        return self._snapshot(now, consume=False)
+
+    def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         gpus = self.frame_at(now).gpus
-        before = self._lost or {}
-        events = tuple(
-            Event(EventKind.GPU_LOST, now, g.index, None, g.error or "GPU is lost")
-            for g in gpus
-            if g.lost and before.get(g.index) is False
-        )
-        self._lost = {g.index: g.lost for g in gpus}
+        events: tuple[Event, ...] = ()
+        if consume:
+            before = self._lost or {}
+            events = tuple(
+                Event(EventKind.GPU_LOST, now, g.index, None, g.error or "GPU is lost")
+                for g in gpus
+                if g.lost and before.get(g.index) is False
+            )
+            self._lost = {g.index: g.lost for g in gpus}
         return Snapshot(
             host=self.host,
             time=now,

@@ -1,11 +1,17 @@
 """The lines of a recorded ``nvidia-smi --query-gpu=... --format=csv`` log, read into records.
 
 The columns come from the header line nvidia-smi writes (``utilization.gpu [%]``, units in
-brackets), from a ``# columns: timestamp,index,...`` comment, or from the caller; values may
-carry their units (``97 %``, ``52000 MiB``) or not (``nounits``). nvidia-smi's markers for what
-it cannot tell (``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``...) become ``None``; a row
-that says ``[GPU is lost]``, or nvidia-smi's ``Unable to determine the device handle`` line,
-becomes a lost GPU. Unknown columns are ignored.
+brackets), from a ``# columns: timestamp,index,...`` comment, or from the caller (a list, or
+the ``--query-gpu=...`` argument pasted as is); values may carry their units (``97 %``,
+``52000 MiB``) or not (``nounits``). Only ``timestamp`` is required: a GPU is named by its
+``index``, else its ``pci.bus_id``, else its ``uuid``, else by its row's place in the sampling
+round (``sources/smi_csv.py`` works out which). nvidia-smi's markers for what it cannot tell
+(``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``...) become ``None``; a row that says
+``[GPU is lost]``, or nvidia-smi's ``Unable to determine the device handle`` line, becomes a
+lost GPU. Unknown columns are ignored. A log re-saved by a spreadsheet in a locale that writes
+decimal commas (fields separated by ``;``), or one whose numbers carry a decimal comma between
+nvidia-smi's ``", "`` separators (``310,45 W``), is read where the comma cannot mean anything
+else; a comma that could be a thousands separator (``1,000``) is an error.
 
 ``Reader`` turns the text into one ``Record`` per GPU per line (its time, index, bus id, error
 and the values read by column kind), every error naming ``file:line:col``;
@@ -75,7 +81,9 @@ _EXPECTED = {
 _LOST = {"[gpu is lost]": "GPU is lost", "[gpu requires reset]": "GPU requires reset"}
 _UNKNOWN = {"", "n/a", "not supported", "unknown", "unknown error"}
 _HEADER_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\s*(\[[^\]]*\])?")
-_NUMBER = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(\S+)?")
+_NUMBER = re.compile(r"(\d+,\d+|\d+(?:\.\d*)?|\.\d+)\s*(\S+)?")
+_DECIMAL_COMMA = re.compile(r"(?<=\d),(?=\d)")  # 310,45: one number, not two fields
+_PROTECTED = "\x1f"  # stands in for a decimal comma while a line is split into fields
 _MASK = re.compile(r"0x[0-9a-f]+|\d+")
 _PSTATE = re.compile(r"p(1[0-5]|\d)")
 _SMI_TIME = re.compile(r"(\d{4})/(\d{1,2})/(\d{1,2}) (\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?")
@@ -84,13 +92,15 @@ _NO_HANDLE = re.compile(
     r"(?:(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]))?",
     re.IGNORECASE,
 )
-_REQUIRED = "the columns timestamp and index (nvidia-smi --query-gpu=timestamp,index,...)"
+_REQUIRED = "a timestamp column (nvidia-smi --query-gpu=timestamp,index,...)"
+#: How a GPU is named in a log, best first; "position" is its row's place in its round.
+IDENTITIES = ("index", "pci.bus_id", "uuid")
 EXPECTED_LOG = "an nvidia-smi --query-gpu=timestamp,index,... --format=csv log"
 _HEADER = "a header line (nvidia-smi --format=csv) or a '# columns:' line"
 _NOHEADER = (
-    "this log was written with --format=csv,noheader: add a first line "
-    "'# columns: timestamp,name,index,...' listing the --query-gpu fields in order, "
-    "or pass the column list (columns=...)"
+    "this log was written with --format=csv,noheader: give the --query-gpu fields in order "
+    "with --columns (the --query-gpu=... argument pasted as is works), or add a first line "
+    "'# columns: timestamp,name,index,...'"
 )
 _BACK_HINT = (
     "two logs may have been joined, or the clock was set back: replay each part as its own "
@@ -114,6 +124,7 @@ class Record:
     time: float | None = None
     index: int | None = None
     bus: str | None = None
+    uuid: str | None = None
     error: str | None = None
     values: dict[str, Any] = field(default_factory=dict)  # column -> value read as its kind
 
@@ -122,12 +133,27 @@ _Fields = list[tuple[str, int]]  # the fields of one line, each with its 1-based
 _Columns = tuple[_Column, ...]
 
 
-def _split(line: str, start: int = 0) -> list[str]:
+def delimiter_of(line: str) -> str:
+    """``;`` for a line a spreadsheet re-saved in a decimal-comma locale, else ``,``
+    (nothing nvidia-smi writes contains a semicolon)."""
+    return ";" if ";" in line else ","
+
+
+def protect_decimal_commas(line: str) -> str:
+    """In a line separated the way nvidia-smi separates fields (``", "``), a comma between two
+    digits cannot be a separator: it is a decimal comma, kept inside its field. Same length."""
+    if ", " not in line or "," not in line.replace(", ", ""):
+        return line
+    return _DECIMAL_COMMA.sub(_PROTECTED, line)
+
+
+def _split(line: str, start: int = 0, delimiter: str = ",") -> list[str]:
     """The fields of a CSV line from ``start`` on, stripped."""
-    return [v.strip() for v in next(csv.reader([line[start:]], skipinitialspace=True), [])]
+    reader = csv.reader([line[start:]], skipinitialspace=True, delimiter=delimiter)
+    return [v.strip().replace(_PROTECTED, ",") for v in next(reader, [])]
 
 
-def _starts(line: str, start: int = 0) -> list[int]:
+def _starts(line: str, start: int = 0, delimiter: str = ",") -> list[int]:
     """The 1-based column where each field of ``_split(line, start)`` begins, found by walking
     the line as the csv module reads it (a quote opens only a field). Used for errors only."""
     cols: list[int] = []
@@ -138,7 +164,7 @@ def _starts(line: str, start: int = 0) -> list[int]:
         cols.append(pos + 1)
         quoted = pos < end and line[pos] == '"'
         pos += quoted
-        while pos < end and (quoted or line[pos] != ","):
+        while pos < end and (quoted or line[pos] != delimiter):
             if quoted and line[pos] == '"':
                 quoted = line[pos + 1 : pos + 2] == '"'
                 pos += quoted
@@ -148,7 +174,26 @@ def _starts(line: str, start: int = 0) -> list[int]:
 
 
 def _located(line: str, start: int = 0) -> _Fields:
-    return list(zip(_split(line, start), _starts(line, start), strict=True))
+    delimiter = delimiter_of(line)
+    fields = _split(line, start, delimiter)
+    return list(zip(fields, _starts(line, start, delimiter), strict=True))
+
+
+_QUERY_ARGUMENT = re.compile(r"""--query-gpu(?:=|\s+)(["']?)(?P<list>[^"'\s]+)\1""")
+
+
+def split_columns(text: str) -> list[str]:
+    """The column names in ``--columns``: a comma-separated list (``timestamp,index,memory.used
+    [MiB]``), or a command line or ``--query-gpu=...`` argument pasted as is."""
+    query = _QUERY_ARGUMENT.search(text)
+    listed = query["list"] if query else text
+    return [name.strip() for name in listed.split(",") if name.strip()]
+
+
+def identity_of(columns: Sequence[_Column]) -> str:
+    """How the rows of a log with these columns name their GPU (see ``IDENTITIES``)."""
+    names = {c.name for c in columns}
+    return next((n for n in IDENTITIES if n in names), "position")
 
 
 def _columns(fields: _Fields, file: str, line: int | None) -> _Columns:
@@ -164,10 +209,9 @@ def _columns(fields: _Fields, file: str, line: int | None) -> _Columns:
         if kind is not None and unit is not None and unit not in _UNITS.get(kind, {}):
             raise InputError.at(file, line, col, f"unit [{written}] for {name}", _EXPECTED[kind])
         columns.append(_Column(name, kind, unit))
-    missing = [n for n in ("timestamp", "index") if all(c.name != n for c in columns)]
-    if missing:
-        what = f"no {' and no '.join(missing)} column"
-        raise InputError.at(file, line, line and 1, what, _REQUIRED)
+    if all(c.name != "timestamp" for c in columns):
+        hint = "nvidia-smi writes the time of each row only when the query asks for it"
+        raise InputError.at(file, line, line and 1, "no timestamp column", _REQUIRED, hint)
     return tuple(columns)
 
 
@@ -193,7 +237,13 @@ def _value(kind: str, unit: str | None, text: str) -> str | bool | int | float:
     unit = (number[2] or unit or "").lower()
     if unit and unit not in units:
         raise ValueError(f"has the unit {number[2]!r}")
-    value = float(number[1]) * units.get(unit, 1.0)
+    digits = number[1]
+    if "," in digits:
+        whole, fraction = digits.split(",")
+        if len(fraction) == 3 or kind in ("index", "count", "pct", "temp"):
+            raise ValueError(f"has a comma that may separate thousands: {text!r}")
+        digits = f"{whole}.{fraction}"
+    value = float(digits) * units.get(unit, 1.0)
     if kind in ("index", "count") and not value.is_integer():
         raise ValueError(f"is not a whole number: {text!r}")
     if kind == "watts":
@@ -226,6 +276,7 @@ class Reader:
             problem = exc.problems[0]
             raise UsageError(f"columns for {file}: {problem.message}", problem.expected) from None
         self.prev_time: float | None = None
+        self.delimiter = ","  # the file's (a spreadsheet's re-save uses ";")
 
     def fail(self, line: int, col: int, what: str, expected: str, hint: str = "") -> InputError:
         """An error at line:col; ``expected`` is a column kind or the words themselves."""
@@ -249,7 +300,11 @@ class Reader:
                 index = None if handle["index"] is None else int(handle["index"])
                 records.append(Record(number, index=index, bus=handle["bus"], error=line))
                 continue
-            fields = _split(raw)
+            if not records:  # the file's delimiter, told by its first lines
+                self.delimiter = delimiter_of(raw)
+            if self.delimiter == ",":
+                raw = protect_decimal_commas(raw)
+            fields = _split(raw, 0, self.delimiter)
             if all(_HEADER_FIELD.fullmatch(t) for t in fields):
                 columns = _columns(_located(raw), self.file, number)
             elif columns is None:
@@ -262,9 +317,13 @@ class Reader:
             )
         return records
 
+    def starts(self, raw: str) -> list[int]:
+        return _starts(raw, 0, self.delimiter)
+
     def row(self, fields: list[str], columns: _Columns, number: int, raw: str) -> Record:
         if len(fields) != len(columns):
-            col = _starts(raw)[len(columns)] if len(fields) > len(columns) else len(raw) + 1
+            more = len(fields) > len(columns)
+            col = self.starts(raw)[len(columns)] if more else len(raw) + 1
             what = f"{len(fields)} fields in a row of {len(columns)} columns"
             names = f"{len(columns)} values ({', '.join(c.name for c in columns)})"
             raise self.fail(number, col, what, names)
@@ -283,12 +342,14 @@ class Reader:
                 try:
                     record.values[column.name] = _value(column.kind, column.unit, text)
                 except ValueError as exc:
-                    col = _starts(raw)[i]
+                    col = self.starts(raw)[i]
                     raise self.fail(number, col, f"{column.name} {exc}", column.kind) from None
         record.index, record.bus = record.values.pop("index", None), record.values.get("pci.bus_id")
+        record.uuid = record.values.get("uuid")
         for name, got in (("timestamp", record.time), ("index", record.index)):
-            if got is None and record.error is None:
-                col = _starts(raw)[next(i for i, c in enumerate(columns) if c.name == name)]
+            where = next((i for i, c in enumerate(columns) if c.name == name), None)
+            if got is None and record.error is None and where is not None:
+                col = self.starts(raw)[where]
                 raise self.fail(number, col, f"this row has no {name}", name)
         return record
 
@@ -296,7 +357,7 @@ class Reader:
         try:
             when = _datetime(text)
         except ValueError:
-            col = _starts(raw)[field]
+            col = self.starts(raw)[field]
             raise self.fail(line, col, f"not a timestamp: {text!r}", "timestamp") from None
         naive = when.tzinfo is None
         seconds = when.replace(tzinfo=self.zone).timestamp() if naive else when.timestamp()
@@ -306,6 +367,6 @@ class Reader:
             seconds = max(seconds, when.replace(tzinfo=self.zone, fold=1).timestamp())
         if seconds < prev - _CLOCK_SLACK_S:
             what = f"the time goes back to {text}"
-            raise self.fail(line, _starts(raw)[field], what, "rows in time order", _BACK_HINT)
+            raise self.fail(line, self.starts(raw)[field], what, "rows in time order", _BACK_HINT)
         self.prev_time = max(seconds, prev)
         return self.prev_time
