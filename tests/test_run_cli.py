@@ -57,6 +57,7 @@ def test_run_then_read_the_post_mortem(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "action=kill pid=" in result.stderr
     assert "result=terminated" in result.stderr
+    assert " resolved for GPU 0 (until_met)" in result.stderr  # as "fired for GPU 0" was
     listing = json.loads(gpuwarden("incidents", "--state-dir", str(state), "--json").stdout)
     (incident,) = listing["incidents"]
     assert incident["rule"] == "gpu-memory-pressure"
