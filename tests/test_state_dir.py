@@ -11,6 +11,7 @@ secrets.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -404,3 +405,60 @@ def test_the_lock_refuses_a_second_holder_and_goes_with_its_holder(tmp_path: Pat
     again = StateLock(state).acquire()  # released with its holder
     again.release()
     assert not again.held
+
+
+# -- who opens the journal, and how -------------------------------------------------------------
+
+STORES = {"Journal", "Outbox", "InstanceStore"}
+OPENERS = {*STORES, "connect", "open_readonly", "open_writer"}
+
+
+def _calls(path: Path) -> Iterator[tuple[str, ast.Call]]:
+    """(enclosing function, call) for every call in a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call):
+                    yield function.name, node
+
+
+def _name(call: ast.Call) -> str:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _opens_journal(call: ast.Call) -> bool:
+    """``Journal(...)``, ``Outbox.open_readonly(...)``, ``InstanceStore.open(...)``, ..."""
+    func = call.func
+    on_store = (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id in STORES
+    )
+    return _name(call) in OPENERS or on_store
+
+
+def test_commands_open_the_journal_only_through_common_and_say_when_they_write() -> None:
+    cli = ROOT / "daemon" / "gpuwarden" / "cli"
+    stray = [
+        f"{path.name}:{call.lineno} {function}() calls {_name(call)}"
+        for path in sorted(cli.glob("*.py"))
+        if path.name not in ("common.py", "run.py")  # run: the daemon owns the journal
+        for function, call in _calls(path)
+        if _opens_journal(call)
+    ]
+    assert stray == [], "open the journal with cli.common.journal/outbox/instances:\n" + "\n".join(
+        stray
+    )
+    writers = {
+        function
+        for path in sorted(cli.glob("*.py"))
+        for function, call in _calls(path)
+        if _name(call) in ("journal", "outbox", "instances")
+        and any(k.arg == "write" for k in call.keywords)
+    }
+    # docs/operations.md ("The journal and the lock") lists these commands as the writers.
+    assert writers == {"cmd_ack", "cmd_reset_breaker", "_reap"}
