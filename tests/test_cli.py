@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,11 @@ def test_watch_refreshes_until_interrupted() -> None:
     assert times == sorted(times)
     assert process.returncode == 0, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/operations.md"])
+def test_the_exit_code_tables_list_exactly_the_exit_codes(doc: str) -> None:
+    section = (ROOT / doc).read_text(encoding="utf-8").split("\n## Exit codes\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    documented = {int(code) for code in re.findall(r"^\| (\d+) \|", section, re.MULTILINE)}
+    assert documented == {int(code) for code in ExitCode}

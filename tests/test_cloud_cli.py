@@ -278,7 +278,7 @@ def test_without_a_journal_or_profiles(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         f"gpuwarden: no journal at {journal(tmp_path)}",
         f"  hint: the daemon writes it in its state_dir ({tmp_path / 'state'}) once it has run; "
-        "give the daemon's --config to read its state_dir",
+        "give the daemon's --config or --state-dir to read its journal",
     ]
     reap = gpuwarden("cloud", "reap", "--config", path)
     assert reap.returncode == ExitCode.FAILURE

@@ -347,3 +347,15 @@ def test_profiles_built_in_code_are_checked_too() -> None:
     with pytest.raises(ValueError, match="prices has none for g5"):
         CloudProfile(region="us-east-1", instance_types=("g5",), ami="ami-1", max_hourly_usd=1)
     assert CloudProfile(region="us-east-1", instance_types=("g5",), ami="ami-1").ami == "ami-1"
+
+
+def test_caps_are_finite_and_bounded(tmp_path: Path) -> None:
+    # NaN compares false with everything: a NaN cap would let any spend through.
+    text = HEAD + AMI + "      max_hourly_usd: .nan\n      max_instances: 5000\n"
+    text += "protected: {pids: [99999999999]}\n"
+    assert refused(tmp_path, text) == [
+        "9:20: protected.pids.0: input should be less than or equal to 4194304 (got 99999999999)",
+        "8:22: cloud.profiles.burst.max_instances: input should be less than or equal to 1000"
+        " (got 5000)",
+        "7:23: cloud.profiles.burst.max_hourly_usd: input should be a finite number (got nan)",
+    ]

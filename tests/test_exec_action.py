@@ -273,14 +273,24 @@ def test_the_environment_is_minimal_and_keeps_the_daemons_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-hooks")
+    monkeypatch.setenv("LANG", "C.utf8")  # not the default spelling, and installed
     ctx = make_ctx(facts={"LD_PRELOAD": "/tmp/evil.so", "PATH": "/evil"})
     env = child_env(tmp_path, ctx, env={"HOOK_MODE": "page"})
+    assert {k for k in env if not k.startswith("GPUWARDEN_")} == {"PATH", "LANG", "HOOK_MODE"}
     assert "AWS_SECRET_ACCESS_KEY" not in env
     assert "LD_PRELOAD" not in env
     assert env["PATH"] == os.environ["PATH"]
+    assert env["LANG"] == "C.utf8"
     assert env["HOOK_MODE"] == "page"
     assert env["GPUWARDEN_LD_PRELOAD"] == "/tmp/evil.so"
     assert env["GPUWARDEN_PATH"] == "/evil"
+
+
+def test_without_a_lang_the_command_reads_utf8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LANG", raising=False)
+    assert child_env(tmp_path, make_ctx())["LANG"] == "C.UTF-8"
 
 
 def test_the_intent_wins_over_facts_and_unknowns_are_left_out(tmp_path: Path) -> None:

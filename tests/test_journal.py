@@ -18,7 +18,7 @@ import pytest
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.journal.journal import Journal, JournalError
 from gpuwarden.journal.records import REDACTED, redact, redact_text
-from gpuwarden.journal.schema import MIGRATIONS, Migration, ddl
+from gpuwarden.journal.schema import MIGRATIONS, Access, Migration, ddl
 from gpuwarden.model import (
     Intent,
     Outcome,
@@ -549,7 +549,7 @@ def test_readonly_of_an_older_journal_asks_to_start_the_daemon(path: Path) -> No
     Journal(path).close()
     later = (*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "later", ddl("CREATE TABLE later (x)")))
     with pytest.raises(JournalError, match="start the daemon once"):
-        Journal(path, migrations=later, readonly=True)
+        Journal(path, migrations=later, access=Access.READ)
 
 
 def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:

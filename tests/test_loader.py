@@ -221,15 +221,47 @@ def test_a_value_of_neither_allowed_type_is_one_problem(tmp_path: Path) -> None:
         (".nan", "not a finite duration: nan"),
         ("inf", "not a finite duration: inf"),
         ("-.inf", "a duration cannot be negative: -inf"),
-        ("1" + "0" * 400, "duration too large"),
+        ("1" + "0" * 400, "duration too long: 1" + "0" * 36 + "... (at most 3650d)"),
+        ("1000000d", "duration too long: '1000000d' (at most 3650d)"),
+        ("3651d", "duration too long: '3651d' (at most 3650d)"),
         ("-1s", "not a duration: '-1s' (write e.g. 30s, 2m, 1h30m)"),
     ],
-    ids=["nan", "inf", "minus-inf", "huge", "negative"],
+    ids=["nan", "inf", "minus-inf", "huge", "days", "just-over", "negative"],
 )
 def test_durations_are_finite_and_not_negative(tmp_path: Path, value: str, message: str) -> None:
     assert problems(tmp_path, rule(f"    for: {value}\n")) == [
         f"p.yaml:4:10: rules.0.for: {message}"
     ]
+
+
+def test_numbers_and_durations_of_steps_are_bounded_where_they_stand(tmp_path: Path) -> None:
+    text = rule(
+        "    steps:\n"
+        "      - kill: {settle: 1000000d, limit: 99999999999}\n"
+        "      - power_cap: {watts: 1.0e+30}\n"
+        "      - exec: {argv: [/bin/true], timeout: 10000000000}\n"
+        "      - after: 5000d\n        notify: oncall\n"
+    )
+    assert problems(tmp_path, text) == [
+        "p.yaml:5:41: rules.0.steps.0.kill.limit: input should be less than or equal to 10000"
+        " (got 99999999999)",
+        "p.yaml:5:24: rules.0.steps.0.kill.settle: duration too long: '1000000d' (at most 3650d)",
+        "p.yaml:6:28: rules.0.steps.1.power_cap.watts: input should be less than or equal to"
+        " 10000 (got 1e+30)",
+        "p.yaml:7:44: rules.0.steps.2.exec.timeout: duration too long: 10000000000 (at most 3650d)",
+        "p.yaml:8:16: rules.0.steps.3.after: duration too long: '5000d' (at most 3650d)",
+    ]
+
+
+def test_a_schedule_interval_is_bounded_too(tmp_path: Path) -> None:
+    assert problems(tmp_path, rule("    every: 1000000d\n")) == [
+        "p.yaml:4:12: duration too long: '1000000d' (at most 3650d) — expected e.g. 30s, 5m, 6h"
+    ]
+
+
+def test_a_window_of_an_expression_is_bounded_too(tmp_path: Path) -> None:
+    text = rule("", when="avg(gpu.power_w, 100000d) > 300")
+    assert problems(tmp_path, text) == ["p.yaml:3:28: duration too long: '100000d' (at most 3650d)"]
 
 
 def test_infinite_numbers_in_step_parameters(tmp_path: Path) -> None:

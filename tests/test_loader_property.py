@@ -1,10 +1,15 @@
 """Property tests of the playbook loader: random text never crashes it; a mutated shipped
 playbook either loads whole or is refused with every problem at a position; loading is
-deterministic. Examples are derandomized, so a run in CI sees what a run here saw."""
+deterministic; every error line of `gpuwarden check` over broken bytes (not UTF-8, huge
+numbers, deep nesting) names file:line:col. Examples are derandomized, so a run in CI sees
+what a run here saw."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -516,3 +521,82 @@ def load_single(name: str, text: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / name).write_text(text, encoding="utf-8")
         return outcome([Path(tmp)])[0]
+
+
+# -- (d) every error line of `gpuwarden check` has a position ------------------------------------
+
+CONFIG_TEXT = (ROOT / "config" / "demo.yaml").read_text(encoding="utf-8")  # small: parsed each time
+# What a byte-level edit puts in: bytes that are not UTF-8, out-of-range values, deep nesting.
+BYTE_EDITS = [
+    b"\xff",
+    b"\xc3",
+    b"\xe2\x82",
+    b"\xed\xa0\x80",
+    b"\x00",
+    b"1000000d",
+    b"99999999999999999999999999",
+    b"1e400",
+    b"2026-13-01",
+    b"[" * 400,
+    b"{a: " * 60,
+]
+_POSITION = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): \S")
+
+
+@st.composite
+def broken_bytes(draw: st.DrawFn, text: str) -> bytes:
+    """``text`` as UTF-8 with up to three byte-level edits."""
+    data = bytearray(text.encode("utf-8"))
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(data)))
+        edit = draw(st.one_of(st.sampled_from(BYTE_EDITS), st.binary(min_size=1, max_size=4)))
+        data[at : at + draw(st.integers(0, 2))] = edit
+    return bytes(data)
+
+
+@st.composite
+def checked_set(draw: st.DrawFn) -> tuple[str, bytes, bytes]:
+    """A playbook file name, its broken bytes, and the config's bytes (broken now and then)."""
+    name, text = draw(mutated())
+    playbook = draw(broken_bytes(text))
+    config_bytes = CONFIG_TEXT.encode()
+    if draw(st.integers(0, 4)) == 0:
+        config_bytes = draw(broken_bytes(CONFIG_TEXT))
+    return name, playbook, config_bytes
+
+
+def check_lines(directory: Path, config_file: Path) -> tuple[int, list[str]]:
+    """``gpuwarden check`` as the command runs it; its exit code and stderr lines."""
+    from gpuwarden.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["check", "--config", str(config_file), str(directory)])
+    return code, err.getvalue().splitlines()
+
+
+@_settings(200)
+@given(checked_set())
+def test_every_error_line_of_check_has_a_position(case: tuple[str, bytes, bytes]) -> None:
+    name, playbook, config_bytes = case
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp, "playbooks")
+        directory.mkdir()
+        (directory / name).write_bytes(playbook)  # alone: its problems are what is checked
+        config_file = Path(tmp, "gpuwarden.yaml")
+        config_file.write_bytes(config_bytes)
+        code, lines = check_lines(directory, config_file)
+        files = {str(p): p.read_bytes() for p in [config_file, *directory.iterdir()]}
+    problems = [
+        line
+        for line in lines
+        if line.strip() and not line.startswith(("  hint: ", "check failed: ", "warning: "))
+    ]
+    assert (code == 0) == (not problems), lines
+    for line in problems:
+        found = _POSITION.match(line)
+        assert found is not None, line
+        assert found["file"] in files, line
+        size = files[found["file"]].count(b"\n") + 1
+        assert 1 <= int(found["line"]) <= size + 1, line
+        assert int(found["col"]) >= 1, line

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -58,6 +57,7 @@ def test_run_then_read_the_post_mortem(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "action=kill pid=" in result.stderr
     assert "result=terminated" in result.stderr
+    assert " resolved for GPU 0 (until_met)" in result.stderr  # as "fired for GPU 0" was
     listing = json.loads(gpuwarden("incidents", "--state-dir", str(state), "--json").stdout)
     (incident,) = listing["incidents"]
     assert incident["rule"] == "gpu-memory-pressure"
@@ -157,10 +157,24 @@ def test_missing_journal_and_unknown_incident(tmp_path: Path) -> None:
 
 
 def test_reset_breaker_when_not_tripped(tmp_path: Path) -> None:
-    result = gpuwarden("reset-breaker", "--state-dir", str(tmp_path / "state"))
-    assert result.returncode == 0
+    state = tmp_path / "state"
+    for command in (["reset-breaker"], ["ack", "last"]):  # writers never start a journal
+        missing = gpuwarden(*command, "--state-dir", str(state))
+        assert missing.returncode == ExitCode.FAILURE
+        assert missing.stderr.startswith(f"gpuwarden: no journal at {state / 'journal.db'}\n")
+        assert "Traceback" not in missing.stderr
+        assert not state.exists()
+    ran = subprocess.run(
+        run_args(state, "--once", "--dry-run"),
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    result = gpuwarden("reset-breaker", "--state-dir", str(state))
+    assert result.returncode == 0, result.stderr
     assert "not tripped" in result.stdout
-    assert os.path.exists(tmp_path / "state" / "journal.db")
 
 
 def test_run_refuses_playbooks_others_can_edit(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from gpuwarden.units import format_duration, parse_duration
+from gpuwarden.units import MAX_DURATION, DurationTooLong, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -72,3 +74,14 @@ def test_format(seconds: float, text: str) -> None:
 )
 def test_format_exact_keeps_what_was_written(seconds: float, text: str) -> None:
     assert format_duration(seconds, exact=True) == text
+
+
+@pytest.mark.parametrize("value", ["3651d", "1000000d", 10**12, 1e300, "99999999999999999999h"])
+def test_durations_longer_than_ten_years_are_refused(value: object) -> None:
+    with pytest.raises(DurationTooLong, match=r"duration too long: .* \(at most 3650d\)"):
+        parse_duration(value)
+
+
+def test_the_longest_duration_is_ten_years_and_fits_every_wait() -> None:
+    assert parse_duration("3650d") == MAX_DURATION
+    assert threading.TIMEOUT_MAX > MAX_DURATION  # an Event.wait or sleep of it cannot overflow

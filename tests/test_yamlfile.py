@@ -123,3 +123,50 @@ def test_read_gives_the_facts_of_the_file_it_read(tmp_path: Path) -> None:
     assert (facts.st_mode & 0o777, facts.st_ino) == (0o640, path.stat().st_ino)
     with pytest.raises(InputError, match="is a directory"):
         yamlfile.read(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "byte"),
+    [
+        (b"\xffname: a\n", "1:1", "0xff"),
+        (b"name: caf\xc3\n", "1:10", "0xc3"),  # a character cut short
+        (  # the column counts characters, as YAML does: é is one
+            "name: a\nitems: [\n  {size: 1, label: 'éx".encode() + b"\xe2\x82'}]\n",
+            "3:23",
+            "0xe2",
+        ),
+    ],
+    ids=["first-byte", "cut-short", "columns-in-characters"],
+)
+def test_a_byte_that_is_not_utf8_is_at_its_line_and_column(
+    tmp_path, data: bytes, where: str, byte: str
+) -> None:
+    path = tmp_path / "f.yaml"
+    path.write_bytes(data)
+    with pytest.raises(InputError) as info:
+        yamlfile.load(path)
+    assert info.value.render().startswith(
+        f"{path}:{where}: the file is not UTF-8 text: byte {byte} here"
+    )
+
+
+def test_a_value_yaml_cannot_make_is_at_its_position() -> None:
+    with pytest.raises(InputError) as info:
+        yamlfile.parse("name: a\nitems:\n  - {size: 1, label: 2026-02-30}\n", "f.yaml")
+    assert info.value.render() == "f.yaml:3:22: not a valid value: day is out of range for month"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["name: " + "[" * 2000 + "]" * 2000 + "\n", "".join("  " * i + "-\n" for i in range(800))],
+    ids=["flow", "block"],
+)
+def test_nesting_too_deep_is_at_the_level_past_the_limit(text: str) -> None:
+    with pytest.raises(InputError) as info:
+        yamlfile.parse(text, "f.yaml")
+    (problem,) = info.value.problems
+    assert problem.message == f"YAML nested too deeply (more than {yamlfile.MAX_DEPTH} levels)"
+    assert problem.line is not None
+    assert problem.col is not None
+    line = text.splitlines()[problem.line - 1]
+    assert line[problem.col - 1] in "[-"

@@ -38,7 +38,7 @@ _T = TypeVar("_T")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 Names = Annotated[tuple[str, ...], Field()]
@@ -53,7 +53,8 @@ def _check_regex(value: str) -> str:
 
 
 Regex = Annotated[str, AfterValidator(_check_regex)]
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
+Seconds = Annotated[float, BeforeValidator(parse_duration)]  # at most units.MAX_DURATION
+MAX_PID = 4_194_304  # the kernel's largest pid_max
 
 
 class MatchRule(_Strict):
@@ -143,7 +144,7 @@ class Protected(_Strict):
     cmdline: tuple[Regex, ...] = ()
     units: tuple[Regex, ...] = ()
     priorities: Names = ()
-    pids: tuple[int, ...] = ()
+    pids: tuple[Annotated[int, Field(ge=1, le=MAX_PID)], ...] = ()
 
     @field_validator("users", "names", "priorities", mode="before")
     @classmethod
@@ -203,7 +204,7 @@ class Notify(_Strict):
     repeat: Seconds = Field(default=3600.0, ge=0)
     # Drill and dry-run messages: at most this many per minute per target; the rest are
     # counted and summarised in one message.
-    drill_rate: int = Field(default=10, ge=1)
+    drill_rate: int = Field(default=10, ge=1, le=100_000)
 
 
 def _refusing(problem: Callable[[_T], str | None]) -> AfterValidator:
@@ -264,10 +265,10 @@ class CloudProfile(_Strict):
     security_groups: tuple[SecurityGroupId, ...] = ()
     key_name: str | None = None
     market: Literal["on-demand", "spot"] = "on-demand"
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=1_000)
     user_data: UserData | None = None
     tags: ProfileTags = Field(default_factory=dict)
-    max_instances: int = Field(default=1, ge=1)
+    max_instances: int = Field(default=1, ge=1, le=1_000)
     max_hourly_usd: float | None = Field(default=None, gt=0)
     prices: dict[str, Price] = Field(default_factory=dict, validate_default=True)
     ttl: Seconds = Field(default=8 * 3600.0, gt=0)
@@ -322,7 +323,7 @@ class Cloud(_Strict):
 class Limit(_Strict):
     """At most ``actions`` destructive actions (one per process acted on) within ``window``."""
 
-    actions: int = Field(ge=1)
+    actions: int = Field(ge=1, le=1_000_000)
     window: Seconds = Field(gt=0)
 
 

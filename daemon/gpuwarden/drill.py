@@ -170,7 +170,7 @@ def run(
         clock = SimClock(start=source.start_time + offset)
         told = None
         if notify is not None:
-            from gpuwarden.notify.service import FLUSH_AHEAD, Notifications
+            from gpuwarden.notify.service import Notifications
 
             told = Notifications(
                 config,
@@ -233,7 +233,7 @@ def run(
         summary.simulated_s = steps * interval
         summary.open_at_end = [i.id for i in engine.incidents]
         if told is not None:
-            told.flush(clock.now(), ahead=FLUSH_AHEAD)
+            told.flush(clock.now(), final=True)
             summary.notified = told.deliver_now()
             summary.notify_queued = told.queued
             told.close(clock.now())

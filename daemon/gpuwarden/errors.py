@@ -19,6 +19,7 @@ class ExitCode(enum.IntEnum):
     BAD_INPUT = 2  # bad command line, or a malformed scenario / CSV / config file
     SOURCE_UNAVAILABLE = 3  # no NVML library, no driver, no permission to read the GPUs
     UNSAFE_SETUP = 4  # `run` refused to start: see its self-check findings (gpuwarden doctor)
+    LOCKED = 5  # `run` refused to start: another daemon holds the state directory's lock
     INTERRUPTED = 130  # stopped with Ctrl-C
 
 

@@ -158,6 +158,7 @@ class Runtime:
                     where=inc.label,
                 )
                 self.journal.record(change, now)
+                _log_resolved(change)
         for undo in self.journal.pending_undos():
             if undo.incident not in open_ids:
                 self.steps.undo(undo)
@@ -188,6 +189,7 @@ class Runtime:
             if isinstance(record, Intent):
                 self.steps.dispatch(record, now)
             elif record.kind == Transition.RESOLVED and record.incident:
+                _log_resolved(record)
                 self.steps.undo_incident(record.incident)
             elif record.kind == Transition.FIRING and record.incident:
                 self.stats.incidents.add(record.incident)
@@ -323,7 +325,9 @@ class Runtime:
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:
-                self.journal.record_all(closed, now)
+                for change in self.journal.record_all(closed, now):
+                    if isinstance(change, RuleChange) and change.kind == Transition.RESOLVED:
+                        _log_resolved(change)
         elif self.notifications is not None and result.error is not None:
             self.notifications.admin(
                 f"gpuwarden on {self.host}: reload refused", result.error.render(), now
@@ -366,3 +370,15 @@ class Runtime:
             self.notifications.close(self.clock.now())
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _log_resolved(change: RuleChange) -> None:
+    """One line when an incident closes, the counterpart of the "fired" line."""
+    if change.incident:
+        log.info(
+            "incident %s: rule %s resolved for %s (%s)",
+            change.incident,
+            change.rule,
+            change.where,
+            change.reason,
+        )

@@ -23,7 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from gpuwarden.units import parse_duration
+from gpuwarden.units import DurationTooLong, parse_duration
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _FULL = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -244,6 +244,8 @@ def window_spans(text: str) -> tuple[tuple[int, int], ...]:
 def _interval(text: str) -> float:
     try:
         seconds = parse_duration(text)
+    except DurationTooLong as exc:
+        raise WindowError(str(exc), text, 0, "e.g. 30s, 5m, 6h") from None
     except ValueError:
         at = _DURATION_PREFIX.match(text)
         if ":" in text:

@@ -1,4 +1,9 @@
-"""Durations as people write them: ``90``, ``30s``, ``2m30s``, ``1h``, ``3d2h``."""
+"""Durations as people write them: ``90``, ``30s``, ``2m30s``, ``1h``, ``3d2h``.
+
+Every duration is at most ``MAX_DURATION`` (ten years): a longer one is a typo, and would
+overflow what it is handed to at run time (``time.sleep``, a thread's wait, a date), so it is
+refused where it is read, with the file position of the value.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,33 @@ import re
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_DURATION = 3650 * 86400.0  # 3650d; threading.TIMEOUT_MAX is about 292 years
+
+
+class DurationTooLong(ValueError):
+    """A duration longer than ``MAX_DURATION``."""
 
 
 def _finite(value: float) -> float:
     try:
         seconds = float(value)
     except OverflowError:
-        raise ValueError("duration too large") from None
+        raise DurationTooLong(f"duration too long: {_shown(value)} (at most 3650d)") from None
     if not math.isfinite(seconds):
         raise ValueError(f"not a finite duration: {value!r}")
+    return seconds
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bounded(seconds: float, value: object) -> float:
+    if not seconds <= MAX_DURATION:  # also catches inf and nan
+        if math.isnan(seconds):
+            raise ValueError(f"not a finite duration: {value!r}")
+        raise DurationTooLong(f"duration too long: {_shown(value)} (at most 3650d)")
     return seconds
 
 
@@ -25,8 +48,8 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
         if value < 0:
-            raise ValueError(f"a duration cannot be negative: {value!r}")
-        return _finite(value)
+            raise ValueError(f"a duration cannot be negative: {_shown(value)}")
+        return _bounded(_finite(value), value)
     if not isinstance(value, str):
         raise ValueError(f"not a duration: {value!r}")
     text = value.strip().replace(" ", "")
@@ -39,7 +62,7 @@ def parse_duration(value: object) -> float:
     else:
         if seconds < 0:
             raise ValueError(f"a duration cannot be negative: {value!r}")
-        return _finite(seconds)
+        return _bounded(_finite(seconds), value)
     total = 0.0
     pos = 0
     for match in _PART.finditer(text):
@@ -49,7 +72,7 @@ def parse_duration(value: object) -> float:
         pos = match.end()
     if pos != len(text) or pos == 0:
         raise ValueError(f"not a duration: {value!r} (write e.g. 30s, 2m, 1h30m)")
-    return total
+    return _bounded(total, value)
 
 
 def format_duration(seconds: float, *, exact: bool = False) -> str:

@@ -290,12 +290,62 @@ def _bad_character(text: str, file: str, exc: yaml.reader.ReaderError) -> InputE
     )
 
 
+# Collections inside collections: deeper than this is refused where it happens (PyYAML builds
+# nodes recursively, so a deeper file would exhaust Python's stack before that).
+MAX_DEPTH = 100
+
+
+def _too_deep(text: str) -> tuple[int, int]:
+    """Where ``text`` first nests collections deeper than ``MAX_DEPTH`` (the parser's events
+    are read one by one, without recursion)."""
+    loader = yaml.SafeLoader(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()  # type: ignore[no-untyped-call]
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH and event.start_mark is not None:
+                    return (event.start_mark.line + 1, event.start_mark.column + 1)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        pass
+    finally:
+        loader.dispose()
+    return (1, 1)
+
+
+def _unconstructible(node: yaml.Node) -> tuple[tuple[int, int], str]:
+    """The first scalar YAML cannot make a value of (a date such as 2026-13-01), and why."""
+    todo: list[yaml.Node] = [node]
+    seen: set[int] = set()
+    constructor = yaml.constructor.SafeConstructor()
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, yaml.MappingNode):
+            todo.extend(n for pair in reversed(item.value) for n in reversed(pair))
+        elif isinstance(item, yaml.SequenceNode):
+            todo.extend(reversed(item.value))
+        else:
+            try:
+                constructor.construct_object(item)
+            except (ValueError, OverflowError, TypeError, yaml.YAMLError) as exc:
+                return _mark(item), str(exc)
+    return (1, 1), "a value YAML cannot read"
+
+
 def parse(text: str, file: str) -> Located:
-    """Parse one YAML document from ``text``; ``file`` names it in errors."""
+    """Parse one YAML document from ``text``; ``file`` names it in errors. Every error has a
+    line and a column."""
     try:
         loader = yaml.SafeLoader(text)
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow, anywhere
         raise _bad_character(text, file, exc) from None
+    node: yaml.Node | None = None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -308,19 +358,44 @@ def parse(text: str, file: str) -> Located:
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        col = mark.column + 1 if mark else None
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         what = exc.problem or exc.context or "malformed YAML"
         raise InputError.at(file, line, col, f"YAML syntax error: {what}") from None
     except yaml.YAMLError as exc:
-        raise InputError.at(file, None, None, f"YAML error: {exc}") from None
+        raise InputError.at(file, 1, 1, f"YAML error: {exc}") from None
     except RecursionError:
         raise InputError.at(
-            file, None, None, "YAML nested too deeply", "fewer levels of [ ], { } or indentation"
+            file,
+            *_too_deep(text),
+            f"YAML nested too deeply (more than {MAX_DEPTH} levels)",
+            "fewer levels of [ ], { } or indentation",
         ) from None
+    except (ValueError, OverflowError, TypeError):
+        assert node is not None  # only constructing values raises these
+        (line, col), why = _unconstructible(node)
+        raise InputError.at(file, line, col, f"not a valid value: {why}") from None
     finally:
         loader.dispose()
     return Located(file, data, shape.values, shape.keys, shape.styles, shape.sources)
+
+
+def decode(data: bytes, file: str) -> str:
+    """UTF-8 text (a BOM is kept for YAML to skip); a byte that is not UTF-8 is an
+    ``InputError`` at the line and column (in characters, as YAML counts) where it stands."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = len(data[start : exc.start].decode("utf-8", "replace")) + 1
+        raise InputError.at(
+            file,
+            line,
+            col,
+            f"the file is not UTF-8 text: byte 0x{data[exc.start]:02x} here ({exc.reason})",
+            "UTF-8 text",
+            "save the file as UTF-8",
+        ) from None
 
 
 def load(path: str | Path) -> Located:
@@ -339,15 +414,15 @@ def read(path: str | Path) -> tuple[str, os.stat_result]:
             facts = os.fstat(file.fileno())
             if stat.S_ISDIR(facts.st_mode):
                 raise IsADirectoryError(21, "Is a directory")
-            text = file.read().decode("utf-8")
+            data = file.read()
     except FileNotFoundError:
         raise InputError.at(name, None, None, "no such file") from None
     except IsADirectoryError:
         raise InputError.at(name, None, None, "is a directory", "a YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
         raise InputError.at(name, None, None, f"cannot read the file: {reason}") from None
-    return text, facts
+    return decode(data, name), facts
 
 
 # Pydantic's words for a wrong container, in the words of a YAML file.

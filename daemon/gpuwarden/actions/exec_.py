@@ -12,7 +12,8 @@ user is looked up when the step runs; an unknown one fails the step with the rea
 environment is built from scratch, so nothing of the daemon's own environment (tokens, cloud
 keys) leaks into it:
 
-1. ``PATH`` (the daemon's, else a standard one);
+1. ``PATH`` (the daemon's, else a standard one) and ``LANG`` (the daemon's, else
+   ``C.UTF-8``), so the command reads and writes text as the daemon does;
 2. the step's ``env``;
 3. the incident's facts as ``GPUWARDEN_*`` variables: every ``ctx.facts`` key upper-cased with
    anything but letters, digits and ``_`` turned into ``_``, then ``GPUWARDEN_INCIDENT``,
@@ -58,6 +59,7 @@ MAX_OUTPUT_BYTES = 4096
 MAX_FACT_BYTES = 32 * 1024
 KILL_GRACE_S = 2.0
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_LANG = "C.UTF-8"
 TRUNCATED = "…[truncated]"
 
 PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
@@ -88,7 +90,7 @@ def environment(
 ) -> dict[str, str]:
     """The whole environment the command runs with (see the module's docstring)."""
     source = os.environ if base is None else base
-    env = {"PATH": source.get("PATH") or DEFAULT_PATH}
+    env = {"PATH": source.get("PATH") or DEFAULT_PATH, "LANG": source.get("LANG") or DEFAULT_LANG}
     env.update(params.env)
     for key, value in ctx.facts.items():
         name = fact_variable(key)

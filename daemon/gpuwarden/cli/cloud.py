@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden import config
+from gpuwarden.cli.common import instances, journal_path
 from gpuwarden.errors import ExitCode
-from gpuwarden.journal.schema import JOURNAL_NAME
 from gpuwarden.text import safe_text
 from gpuwarden.units import format_duration
 
@@ -85,11 +85,6 @@ def cmd_cloud(args: argparse.Namespace, cfg: config.Config) -> int:
     return _list(args, cfg)
 
 
-def _journal(args: argparse.Namespace, cfg: config.Config) -> Path:
-    state_dir = getattr(args, "state_dir", None)
-    return (Path(state_dir) if state_dir else cfg.state_dir) / JOURNAL_NAME
-
-
 def _service(cfg: config.Config, store: InstanceStore) -> CloudService:
     from gpuwarden.cloud.service import CloudService
 
@@ -105,14 +100,12 @@ def _failed_profiles(cfg: config.Config, problems: Sequence[str]) -> list[str]:
 
 
 def _list(args: argparse.Namespace, cfg: config.Config) -> int:
-    from gpuwarden.cloud.store import InstanceStore
-
-    path = _journal(args, cfg)
+    path = journal_path(args, cfg)
     if not cfg.cloud.profiles and not path.is_file():
         print("[]" if args.json else NO_PROFILES)
         return ExitCode.OK
     now = time.time()
-    with InstanceStore.open_readonly(path) as store:
+    with instances(args, cfg) as store:
         rows, problems = _service(cfg, store).instances(now, live=not args.offline)
     for problem in problems:
         print(f"gpuwarden: cloud profile {safe_text(problem)}", file=sys.stderr)
@@ -225,25 +218,15 @@ class _Errors(logging.Handler):
 
 
 def _reap(args: argparse.Namespace, cfg: config.Config) -> int:
-    from gpuwarden.cloud.store import InstanceStore
-    from gpuwarden.journal.schema import JournalError
-
-    path = _journal(args, cfg)
-    if not path.is_file():
-        if not cfg.cloud.profiles:
-            print(NO_PROFILES)
-            return ExitCode.OK
-        raise JournalError(
-            f"no journal at {path}",
-            hint=f"the daemon writes it in its state_dir ({path.parent}) once it has run; "
-            "give the daemon's --config or --state-dir",
-        )
+    if not journal_path(args, cfg).is_file() and not cfg.cloud.profiles:
+        print(NO_PROFILES)
+        return ExitCode.OK
     from gpuwarden.cloud import reaper
 
     now = time.time()
     errors = _Errors()
     logger = logging.getLogger("gpuwarden.cloud")
-    with InstanceStore.open(path) as store:
+    with instances(args, cfg, write=True) as store:  # beside the daemon, never creating one
         service = _service(cfg, store)
         report = reaper.reconcile(service, now)
         logger.addHandler(errors)

@@ -1,21 +1,35 @@
-"""What every command needs: durations on the command line, the config, the playbook paths
-and the state directory, each found the same way by every command."""
+"""What every command needs: durations on the command line, the config, the playbook paths,
+the state directory and the journal in it, each found and opened the same way by every command.
+
+The journal file is opened here and nowhere else in ``cli/`` (``run`` excepted: the daemon owns
+it): ``journal``, ``outbox`` and ``instances`` open it read only, or with ``write=True`` for a
+command that changes it beside a running daemon (``journal.schema.Access``). A new command that
+writes is ``with journal(args, cfg, write=True) as j: ...``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuwarden import config
 from gpuwarden.errors import UsageError
+from gpuwarden.journal.schema import JOURNAL_NAME, Access
 from gpuwarden.sources.kernel_events import zone_of
 from gpuwarden.sources.select import EVENT_FORMS, Options, parse_events
 from gpuwarden.sources.smi_csv_records import split_columns
 from gpuwarden.units import parse_duration
+
+if TYPE_CHECKING:
+    from gpuwarden.cloud.store import InstanceStore
+    from gpuwarden.journal.journal import Journal
+    from gpuwarden.notify.outbox import Outbox
 
 
 def duration(text: str) -> float:
@@ -53,6 +67,50 @@ def playbook_paths(given: Sequence[str] | None, cfg: config.Config) -> list[str]
 def state_dir(args: argparse.Namespace, cfg: config.Config) -> Path:
     """--state-dir, else the config's."""
     return Path(args.state_dir) if getattr(args, "state_dir", None) else cfg.state_dir
+
+
+def journal_path(args: argparse.Namespace, cfg: config.Config) -> Path:
+    """The journal in the state directory (``--state-dir``, else the config's)."""
+    return state_dir(args, cfg) / JOURNAL_NAME
+
+
+def _access(write: bool) -> Access:
+    return Access.WRITE if write else Access.READ
+
+
+@contextlib.contextmanager
+def journal(
+    args: argparse.Namespace, cfg: config.Config, *, write: bool = False
+) -> Iterator[Journal]:
+    """The journal, read only (``mode=ro``, ``query_only``); with ``write``, an existing
+    journal written in short transactions that wait for the daemon's (never created,
+    migrated or switched out of WAL)."""
+    from gpuwarden.journal.journal import Journal
+
+    with Journal(journal_path(args, cfg), access=_access(write)) as opened:
+        yield opened
+
+
+@contextlib.contextmanager
+def outbox(
+    args: argparse.Namespace, cfg: config.Config, *, write: bool = False
+) -> Iterator[Outbox]:
+    """The notification outbox in the journal, opened like ``journal``."""
+    from gpuwarden.notify.outbox import Outbox
+
+    with Outbox(journal_path(args, cfg), access=_access(write)) as opened:
+        yield opened
+
+
+@contextlib.contextmanager
+def instances(
+    args: argparse.Namespace, cfg: config.Config, *, write: bool = False
+) -> Iterator[InstanceStore]:
+    """The cloud instances recorded in the journal, opened like ``journal``."""
+    from gpuwarden.cloud.store import InstanceStore
+
+    with InstanceStore(journal_path(args, cfg), access=_access(write)) as opened:
+        yield opened
 
 
 def with_config(

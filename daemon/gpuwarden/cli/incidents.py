@@ -1,5 +1,7 @@
 """``gpuwarden incidents``, ``incident`` (one timeline), ``ack`` and ``reset-breaker``: what
-the on-call person reads and says to the journal."""
+the on-call person reads and says to the journal. The views open it read only; ``ack`` and
+``reset-breaker`` write it beside the running daemon (``common.journal(..., write=True)``),
+which picks the change up at its next tick."""
 
 from __future__ import annotations
 
@@ -10,9 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden import config
-from gpuwarden.cli.common import duration, state_dir
+from gpuwarden.cli.common import duration, instances, journal
 from gpuwarden.errors import ExitCode, UsageError
-from gpuwarden.journal.schema import JOURNAL_NAME
 
 if TYPE_CHECKING:
     from gpuwarden.cloud.instance import Managed
@@ -61,21 +62,12 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     reset.add_argument("--state-dir", type=Path, metavar="DIR")
 
 
-def _readonly(args: argparse.Namespace, cfg: config.Config) -> Any:
-    from gpuwarden.journal.journal import Journal
-
-    return Journal.open_readonly(state_dir(args, cfg) / JOURNAL_NAME)
-
-
 def cmd_incidents(args: argparse.Namespace, cfg: config.Config) -> int:
     from gpuwarden.journal import view as journal_view
 
-    journal = _readonly(args, cfg)
-    try:
+    with journal(args, cfg) as reading:
         since = None if args.since is None else time.time() - args.since
-        rows = journal.incidents(since=since, open_only=args.open)
-    finally:
-        journal.close()
+        rows = reading.incidents(since=since, open_only=args.open)
     if args.json:
         print(json.dumps({"version": 1, "incidents": journal_view.incidents_json(rows)}, indent=2))
     else:
@@ -87,45 +79,29 @@ def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
     from gpuwarden.cli import cloud as cli_cloud
     from gpuwarden.journal import view as journal_view
 
-    journal = _readonly(args, cfg)
-    try:
-        incident = _journal_target(journal, args.id)
-        timeline = journal.timeline(incident.id)
-        instances = _cloud_instances(journal.path, incident.id)
-    finally:
-        journal.close()
+    with journal(args, cfg) as reading:
+        incident = _journal_target(reading, args.id)
+        timeline = reading.timeline(incident.id)
+    with instances(args, cfg) as store:  # the cloud instances it launched
+        launched: list[Managed] = store.for_incident(incident.id)
     now = time.time()
     if args.json:
         doc = journal_view.timeline_json(incident, timeline)
-        doc["instances"] = [cli_cloud.instance_json(m, now) for m in instances]
+        doc["instances"] = [cli_cloud.instance_json(m, now) for m in launched]
         print(json.dumps(doc, indent=2))
     else:
         print(journal_view.render_timeline(incident, timeline, now))
-        if instances:
-            print("\ncloud instances\n" + cli_cloud.render_instances(instances, now))
+        if launched:
+            print("\ncloud instances\n" + cli_cloud.render_instances(launched, now))
     return ExitCode.OK
 
 
-def _cloud_instances(path: Path, incident: str) -> list[Managed]:
-    """The cloud instances an incident launched, from the same journal file."""
-    from gpuwarden.cloud.store import InstanceStore
-
-    with InstanceStore.open_readonly(path) as store:
-        return store.for_incident(incident)
-
-
 def cmd_reset_breaker(args: argparse.Namespace, cfg: config.Config) -> int:
-    from gpuwarden.journal.journal import Journal
-
-    journal = Journal(state_dir(args, cfg) / JOURNAL_NAME)
-    try:
-        state = journal.breaker()
-        if state is None:
+    with journal(args, cfg, write=True) as writing:
+        if writing.breaker() is None:
             print("the circuit breaker is not tripped")
             return ExitCode.OK
-        journal.reset_breaker(time.time())
-    finally:
-        journal.close()
+        writing.reset_breaker(time.time())
     print("circuit breaker reset: destructive steps may run again")
     return ExitCode.OK
 
@@ -140,13 +116,8 @@ def _journal_target(journal: Any, text: str) -> Any:
 
 
 def cmd_ack(args: argparse.Namespace, cfg: config.Config) -> int:
-    from gpuwarden.journal.journal import Journal
-
-    journal = Journal(state_dir(args, cfg) / JOURNAL_NAME)
-    try:
-        incident = _journal_target(journal, args.id)
-        journal.ack(incident.id, time.time())
-    finally:
-        journal.close()
+    with journal(args, cfg, write=True) as writing:
+        incident = _journal_target(writing, args.id)
+        writing.ack(incident.id, time.time())
     print(f"acknowledged {incident.id}: no more reminders about it")
     return ExitCode.OK

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden import config
-from gpuwarden.cli.common import state_dir
-from gpuwarden.errors import ExitCode, UsageError
-from gpuwarden.journal.schema import JOURNAL_NAME
+from gpuwarden.cli.common import outbox
+from gpuwarden.errors import ExitCode
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -46,17 +45,9 @@ def cmd_notify_test(args: argparse.Namespace, cfg: config.Config) -> int:
 
 
 def cmd_outbox(args: argparse.Namespace, cfg: config.Config) -> int:
-    from gpuwarden.notify.outbox import Outbox
-
-    path = state_dir(args, cfg) / JOURNAL_NAME
-    if not path.exists():
-        raise UsageError(f"no journal at {path}", "pass --state-dir, or start the daemon once")
-    outbox = Outbox(path)
-    try:
-        rows = outbox.pending() + outbox.failed()
-        counts = outbox.counts()
-    finally:
-        outbox.close()
+    with outbox(args, cfg) as reading:  # read only: sending is the daemon's
+        rows = reading.pending() + reading.failed()
+        counts = reading.counts()
     if args.json:
         print(
             json.dumps(

@@ -1,6 +1,8 @@
 """``gpuwarden run``: the daemon. It checks its setup first (the findings ``doctor`` shows),
-then wires the source, the journal, notifications, metrics, the cloud service, reload and
-signals around ``runtime.Runtime`` and runs it until stopped."""
+takes the state directory's lock (one daemon per ``state_dir``: a second one is refused with
+exit code LOCKED before it touches anything), then wires the source, the journal,
+notifications, metrics, the cloud service, reload and signals around ``runtime.Runtime`` and
+runs it until stopped. The lock is held until the journal is closed."""
 
 from __future__ import annotations
 
@@ -72,17 +74,25 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gpuwarden.clock import Clock, ScaledClock, SystemClock
-    from gpuwarden.journal.journal import Journal
-    from gpuwarden.playbook import loader
-    from gpuwarden.runtime import Runtime
-    from gpuwarden.sources.select import open_source, parse_spec, with_sample
+    from gpuwarden.journal.lock import StateLock
 
     found = config_path(args.config)
     cfg = config.Config() if found is None else config.load(found)
     paths = playbook_paths(args.playbooks, cfg)
     logging.getLogger("gpuwarden").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     _self_check(args, cfg, paths, found)
+    with StateLock(state_dir(args, cfg)):  # refused at once if another daemon holds it
+        return _run(args, cfg, paths, found)
+
+
+def _run(args: argparse.Namespace, cfg: config.Config, paths: list[str], found: Path | None) -> int:
+    from gpuwarden.clock import Clock, ScaledClock, SystemClock
+    from gpuwarden.journal.journal import Journal
+    from gpuwarden.journal.schema import Access
+    from gpuwarden.playbook import loader
+    from gpuwarden.runtime import Runtime
+    from gpuwarden.sources.select import open_source, parse_spec, with_sample
+
     playbooks = loader.load(paths, cfg)
     spec = with_sample(parse_spec(args.source or cfg.source), args.at_sample)
     options = replay_options(args, default_events=cfg.events)
@@ -118,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         marker="[DRY-RUN]" if args.dry_run or cfg.dry_run else "",
         descriptions={r.name: r.spec.description for r in playbooks.rules},
         rules=[r.spec for r in playbooks.rules],
+        access=Access.WRITE,  # the journal above created and migrated the file
     )
     metrics = None
     if cfg.metrics.listen:
@@ -136,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from gpuwarden.cloud.service import CloudService
         from gpuwarden.cloud.store import InstanceStore
 
-        cloud = CloudService(cfg.cloud, InstanceStore.open(journal.path), host=host)
+        cloud = CloudService(cfg.cloud, InstanceStore.open_writer(journal.path), host=host)
     runtime = Runtime(
         cfg,
         source,

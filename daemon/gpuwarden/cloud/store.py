@@ -7,8 +7,9 @@ the reaper reads the live rows (``live``) and when their incidents resolved (``r
 
 The store has its own connection to the journal file (WAL) and its own lock, like the outbox:
 the provision executor writes from worker threads while the run loop writes the journal, and
-``gpuwarden cloud`` reads from another process (``InstanceStore.open_readonly``). Whatever goes
-wrong with the file becomes a ``JournalError`` that names it and says what to do.
+``gpuwarden cloud`` reads from another process (``InstanceStore.open_readonly``) and ``cloud
+reap`` writes from one (``InstanceStore.open_writer``: an existing journal, never migrated).
+Whatever goes wrong with the file becomes a ``JournalError`` that names it and says what to do.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES, Managed
 from gpuwarden.journal.schema import (
+    Access,
     JournalError,
     connect,
     errors,
@@ -97,13 +99,15 @@ def _values(m: Managed) -> tuple[object, ...]:
 
 class InstanceStore:
     """The ``instances`` table of the journal at ``path``. ``InstanceStore.open(path)`` creates
-    (mode 0600) and migrates the file; ``InstanceStore.open_readonly(path)`` changes nothing
-    and refuses every write. ``timeout`` is how long a call waits for another process's lock."""
+    (mode 0600) and migrates the file; ``InstanceStore.open_writer(path)`` writes an existing
+    journal (the daemon's store, ``cloud reap``); ``InstanceStore.open_readonly(path)``
+    changes nothing and refuses every write. ``timeout`` is how long a call waits for another
+    process's lock."""
 
-    def __init__(self, path: Path, *, timeout: float = 5.0, readonly: bool = False) -> None:
+    def __init__(self, path: Path, *, timeout: float = 5.0, access: Access = Access.OWN) -> None:
         self.path = Path(path)
         self.timeout = timeout
-        self.readonly = readonly
+        self.access = access
         self._lock = threading.Lock()
         self._conn = self._open()
 
@@ -112,8 +116,16 @@ class InstanceStore:
         return cls(path, timeout=timeout)
 
     @classmethod
+    def open_writer(cls, path: Path, *, timeout: float = 5.0) -> InstanceStore:
+        return cls(path, timeout=timeout, access=Access.WRITE)
+
+    @classmethod
     def open_readonly(cls, path: Path, *, timeout: float = 5.0) -> InstanceStore:
-        return cls(path, timeout=timeout, readonly=True)
+        return cls(path, timeout=timeout, access=Access.READ)
+
+    @property
+    def readonly(self) -> bool:
+        return self.access is Access.READ
 
     def close(self) -> None:
         with self._lock:
@@ -128,7 +140,7 @@ class InstanceStore:
     # -- the file ---------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
-        return connect(self.path, timeout=self.timeout, readonly=self.readonly)
+        return connect(self.path, timeout=self.timeout, access=self.access)
 
     def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
         return errors(self.path, doing, self.timeout)

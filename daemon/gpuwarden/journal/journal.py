@@ -7,9 +7,12 @@ were in flight (``interrupted``), which steps and targets each open incident alr
 never forget a suspended job). Rate limits and the circuit breaker count from here too.
 
 SQLite in WAL mode with ``synchronous=FULL``: a write is on disk when the call returns. Each
-call is one transaction (``record_all`` writes one tick's records in one). There is one
-connection. The run loop serialises the writes (executors in worker threads hand their
-outcomes back to it); a lock guards the connection should a call come from another thread.
+call is one transaction (``record_all`` writes one tick's records in one). The daemon has one
+connection of this kind, opened with ``Access.OWN`` while it holds the state directory's lock
+(``journal.lock``); the commands open it with ``Access.READ`` (the views) or ``Access.WRITE``
+(``ack``, ``reset-breaker``), which never create, migrate or change the file's mode. The run
+loop serialises the daemon's writes (executors in worker threads hand their outcomes back to
+it); a lock guards the connection should a call come from another thread.
 A write that fails raises ``JournalError``: the daemon stops rather than act without a record.
 
 The file format is in ``journal.schema``, what is written (and redacted) in
@@ -51,6 +54,7 @@ from gpuwarden.journal.rows import (
 )
 from gpuwarden.journal.schema import (
     MIGRATIONS,
+    Access,
     JournalError,
     Migration,
     connect,
@@ -77,8 +81,9 @@ FILENAME = "journal.db"
 
 class Journal:
     """The journal file. ``Journal(path)`` opens it for the daemon, creating (mode 0600) and
-    migrating it; ``Journal.open_readonly(path)`` opens it for the views and changes nothing.
-    ``timeout`` is how long a call waits for another process's lock before it fails."""
+    migrating it; ``Journal.open_readonly(path)`` opens it for the views and changes nothing;
+    ``Journal.open_writer(path)`` opens an existing journal for a command that writes beside
+    a running daemon. ``timeout`` is how long a call waits for another process's lock."""
 
     def __init__(
         self,
@@ -86,18 +91,26 @@ class Journal:
         *,
         timeout: float = 5.0,
         migrations: Sequence[Migration] = MIGRATIONS,
-        readonly: bool = False,
+        access: Access = Access.OWN,
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
-        self.readonly = readonly
+        self.access = access
         self.run = uuid.uuid4().hex  # tells this opening's intents from an earlier run's
         self._lock = threading.Lock()
         self._conn = self._open(migrations)
 
     @classmethod
     def open_readonly(cls, path: Path, *, timeout: float = 5.0) -> Journal:
-        return cls(path, timeout=timeout, readonly=True)
+        return cls(path, timeout=timeout, access=Access.READ)
+
+    @classmethod
+    def open_writer(cls, path: Path, *, timeout: float = 5.0) -> Journal:
+        return cls(path, timeout=timeout, access=Access.WRITE)
+
+    @property
+    def readonly(self) -> bool:
+        return self.access is Access.READ
 
     def close(self) -> None:
         with self._lock:
@@ -115,9 +128,9 @@ class Journal:
         return connect(
             self.path,
             timeout=self.timeout,
-            readonly=self.readonly,
+            access=self.access,
             migrations=migrations,
-            integrity=True,
+            integrity=self.access is Access.OWN,
         )
 
     def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:

@@ -11,11 +11,33 @@ Opening a journal applies every migration above the file's version in one transa
 written by a newer gpuwarden is refused, never downgraded. Whatever goes wrong with the file
 (not a database, corrupt, locked, unwritable, disk full) becomes one ``JournalError`` that
 names the file and says what to do.
+
+Every connection to the file is opened by ``connect`` with one of three ``Access`` modes, so
+that no command can break the daemon's write-ahead log:
+
+- ``READ`` (``incidents``, ``incident``, ``outbox``, ``cloud``): ``mode=ro`` and
+  ``query_only``; the file must exist at exactly this version. Never changes the journal mode,
+  never checkpoints, never deletes ``-wal``/``-shm``.
+- ``WRITE`` (``ack``, ``reset-breaker``, ``cloud reap``, and the daemon's own outbox and
+  instance connections): the file must exist at exactly this version; it is written in short
+  ``BEGIN IMMEDIATE`` transactions with ``synchronous=FULL``, waiting up to ``timeout`` for the
+  daemon's lock (SQLite's busy handler). It never creates, migrates or changes the journal mode.
+- ``OWN`` (the daemon, which holds the state directory's lock, and a drill's scratch file):
+  creates the file (0600), switches it to WAL, checks and migrates it.
+
+Why this matters: SQLite's locks are POSIX advisory locks, which belong to a *process*, and
+closing *any* descriptor of the file drops every lock that process holds on it. A daemon that
+opens the file behind SQLite's back (``os.open``/``os.close``) while its own connection is
+open loses its shared lock without knowing; the next process to close its last connection
+then believes it is alone, checkpoints and unlinks the WAL the daemon is still writing to,
+and every later write of the daemon goes to a deleted file. So nothing here opens an existing
+journal outside SQLite: the file is created with ``O_EXCL`` or not touched at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import sqlite3
 import threading
@@ -32,6 +54,15 @@ JOURNAL_NAME = "journal.db"  # the journal's file in the state directory
 class JournalError(HintedError):
     """The journal cannot be opened, read or written: what is wrong with which file, and what
     to do. The daemon stops rather than act without a record (exit code FAILURE)."""
+
+
+class Access(enum.Enum):
+    """How a connection may use the journal file (see the module's docstring)."""
+
+    READ = "read"  # mode=ro, query_only: the views
+    WRITE = "write"  # an existing journal, short transactions: writing commands, the daemon's
+    # outbox and instance store
+    OWN = "own"  # create, WAL, migrate: the daemon (holding the state lock), a drill's scratch
 
 
 # -- schema ---------------------------------------------------------------------------------------
@@ -229,7 +260,7 @@ def check_identity(conn: sqlite3.Connection, path: Path) -> int:
 
 
 def check_readable(conn: sqlite3.Connection, path: Path, known: int) -> None:
-    """A read-only open needs a journal at exactly the version this gpuwarden knows."""
+    """A reading or writing open needs a journal at exactly the version this gpuwarden knows."""
     version = check_identity(conn, path)
     if version == 0:
         raise not_a_journal(path, "an empty file")
@@ -345,36 +376,66 @@ def transaction(
             raise
 
 
+def _missing(path: Path, access: Access) -> JournalError:
+    who = "read" if access is Access.READ else "write to"
+    return JournalError(
+        f"no journal at {path}",
+        hint=f"the daemon writes it in its state_dir ({path.parent}) once it has run; give "
+        f"the daemon's --config or --state-dir to {who} its journal",
+    )
+
+
+def _create(path: Path) -> None:
+    """Create an empty journal file (0600, its folder 0700) if there is none. An existing file
+    is never opened here: closing a descriptor of it would drop this process's SQLite locks."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.exists():
+            return
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return  # created by someone else in the meantime: theirs to set up
+    except OSError as exc:
+        raise JournalError(
+            f"cannot create the journal {path}: {exc.strerror}",
+            hint=f"the daemon needs to write to {path.parent} (state_dir in the config)",
+        ) from None
+    os.close(fd)
+
+
+def check_wal(conn: sqlite3.Connection, path: Path) -> None:
+    """A writer's journal must already be in WAL mode (the daemon set it when it created the
+    file). Asked, never set: changing the mode needs the file to itself."""
+    mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    if mode != "wal":
+        raise JournalError(
+            f"{path} is not in WAL mode (journal_mode={mode})",
+            hint="start the daemon once: it sets the mode when nothing else has the file open",
+        )
+
+
 def connect(
     path: Path,
     *,
     timeout: float,
-    readonly: bool = False,
+    access: Access = Access.OWN,
     migrations: Sequence[Migration] = MIGRATIONS,
     integrity: bool = False,
 ) -> sqlite3.Connection:
     """A connection to the journal at ``path`` in autocommit mode, usable from any thread
-    (callers hold their own lock). Read-only: the file must exist at exactly the version
-    this gpuwarden knows. Otherwise the file is created (0600, its folder 0700), switched to
-    WAL and migrated; ``integrity`` also runs a quick check first (the daemon's journal)."""
-    if readonly:
-        if not path.is_file():
-            raise JournalError(
-                f"no journal at {path}",
-                hint=f"the daemon writes it in its state_dir ({path.parent}) once it has "
-                "run; give the daemon's --config to read its state_dir",
-            )
-        target, uri = path.resolve().as_uri() + "?mode=ro", True
-    else:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-        except OSError as exc:
-            raise JournalError(
-                f"cannot create the journal {path}: {exc.strerror}",
-                hint=f"the daemon needs to write to {path.parent} (state_dir in the config)",
-            ) from None
+    (callers hold their own lock); ``access`` says what it may do (the module's docstring).
+    ``READ`` and ``WRITE`` need the file at exactly the version this gpuwarden knows; ``OWN``
+    creates it (0600, its folder 0700), switches it to WAL and migrates it, and ``integrity``
+    also runs a quick check first (the daemon's journal)."""
+    if access is Access.OWN:
+        _create(path)
         target, uri = str(path), False
+    elif not path.is_file():
+        raise _missing(path, access)
+    else:
+        mode = "ro" if access is Access.READ else "rw"  # rw: never creates the file
+        target, uri = path.resolve().as_uri() + f"?mode={mode}", True
     with errors(path, "open", timeout):
         conn = sqlite3.connect(
             target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri
@@ -382,8 +443,13 @@ def connect(
     try:
         with errors(path, "open", timeout):
             conn.execute("PRAGMA trusted_schema = OFF")
-            if readonly:
+            if access is Access.READ:
+                conn.execute("PRAGMA query_only = ON")
                 check_readable(conn, path, len(migrations))
+            elif access is Access.WRITE:
+                conn.execute("PRAGMA synchronous = FULL")
+                check_readable(conn, path, len(migrations))
+                check_wal(conn, path)
             else:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = FULL")

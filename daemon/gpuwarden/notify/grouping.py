@@ -18,6 +18,12 @@ no longer than ``group_interval``; after that it goes out as "in progress".
 A target named by a later notify step that has not had the group's ``open`` message gets it
 at the next flush, without waiting for ``group_interval``: it is that target's first message.
 
+At a stop, ``flush(now, final=True)`` says everything a group still holds without waiting for
+``group_wait`` or ``group_interval``, and never a reminder: a stop is not news. A restarted
+daemon rebuilds its groups from the journal and ``resume`` tells each what it had already
+said (from the outbox), so the next reminder is due ``repeat`` after the last message that
+really went out, and no message id of the earlier run is used again.
+
 ``flush(now)`` returns ``Notice`` values (what to say and to whom); ``messages.py`` and
 ``notifier.py`` turn each into one message per target.
 """
@@ -206,6 +212,21 @@ class Grouper:
         group.members[incident] = replace(group.members[incident], acked=True)
         return True
 
+    def resume(
+        self, incident: str, *, told: tuple[str, ...], last_sent: float, sequence: int
+    ) -> bool:
+        """A restarted daemon's group of ``incident`` had already been announced before the
+        restart: to ``told``, last at ``last_sent``, with ``sequence`` notices (at least) made.
+        False when no group holds the incident."""
+        group = self._member_of.get(incident)
+        if group is None:
+            return False
+        group.announced = True
+        group.told.update(t for t in told if t in group.targets)
+        group.last_sent = max(group.last_sent, last_sent)
+        group.sequence = max(group.sequence, sequence)
+        return True
+
     def open_incidents(self) -> tuple[str, ...]:
         return tuple(
             m.incident
@@ -216,11 +237,12 @@ class Grouper:
 
     # -- what to say ------------------------------------------------------------------------
 
-    def flush(self, now: float) -> list[Notice]:
+    def flush(self, now: float, *, final: bool = False) -> list[Notice]:
+        """What to say now. ``final`` (a stop): everything held, at once, and no reminder."""
         notices: list[Notice] = []
         for rule, group in list(self._groups.items()):
             timing = self._timing(rule)
-            notices.extend(self._flush_group(group, timing, now))
+            notices.extend(self._flush_group(group, timing, now, final))
             pending = group.joined or group.resolved or group.steps or group.notes
             done = all(m.resolved is not None for m in group.members.values())
             if group.announced and done and not pending:
@@ -232,30 +254,30 @@ class Grouper:
         for incident in group.members:
             self._member_of.pop(incident, None)
 
-    def _flush_group(self, group: _Group, timing: Timing, now: float) -> list[Notice]:
+    def _flush_group(self, group: _Group, timing: Timing, now: float, final: bool) -> list[Notice]:
         if not group.targets:
             return []
         done = all(m.resolved is not None for m in group.members.values())
         if not group.announced:
-            if now < group.created + timing.group_wait:
+            if not final and now < group.created + timing.group_wait:
                 return []
             group.announced = True
             group.told.update(group.targets)
             kind = "resolve" if done else "open"
-            steps = self._take_steps(group, now, timing, everything=done)
+            steps = self._take_steps(group, now, timing, everything=done or final)
             return [self._notice(group, kind, now, tuple(group.targets), steps, group.template)]
         out: list[Notice] = []
         new = tuple(t for t in group.targets if t not in group.told)
         if new and not done:
             group.told.update(new)
             out.append(self._notice(group, "open", now, new, (), group.template, quiet=True))
-        if now < group.last_sent + timing.group_interval:
+        if not final and now < group.last_sent + timing.group_interval:
             return out
         told = tuple(t for t in group.targets if t in group.told)
         for targets, template in group.notes:
             out.append(self._notice(group, "step", now, targets, (), template, quiet=True))
         group.notes.clear()
-        steps = self._take_steps(group, now, timing, everything=done)
+        steps = self._take_steps(group, now, timing, everything=done or final)
         if done:
             out.append(self._notice(group, "resolve", now, told, steps, None))
         elif steps or group.joined or group.resolved:
@@ -263,7 +285,8 @@ class Grouper:
         elif out:
             group.last_sent = now
         elif (
-            timing.repeat > 0
+            not final
+            and timing.repeat > 0
             and now >= group.last_sent + timing.repeat
             and any(m.resolved is None and not m.acked for m in group.members.values())
         ):

@@ -149,14 +149,31 @@ class Notifier:
 
     def due(self, now: float) -> list[Message]:
         """The messages to write to the outbox now, oldest first, one per target."""
+        return self._ready(now, self._fresh(now, final=False))
+
+    def drain(self, now: float) -> list[tuple[float, Message]]:
+        """At a stop: every message still held, each with when it may be sent — grouping's
+        batches now (``Grouper.flush(final=True)``: no reminder, a stop is not news), and
+        messages waiting for a target's quiet hours at the hour they end."""
+        ready = self._ready(now, self._fresh(now, final=True))
+        later = sorted(self._deferred, key=lambda item: item[0])
+        self._deferred = []
+        return [(now, m) for m in ready] + later
+
+    def _fresh(self, now: float, *, final: bool) -> list[Message]:
+        """The plain messages and grouping's notices made now; those a target's quiet hours
+        hold back are deferred."""
         fresh: list[Message] = list(self._extra)
         self._extra.clear()
-        for notice in self.grouper.flush(now):
+        for notice in self.grouper.flush(now, final=final):
             for message, at in self._messages(notice, now):
                 if at <= now:
                     fresh.append(message)
                 else:
                     self._defer(at, message)
+        return fresh
+
+    def _ready(self, now: float, fresh: list[Message]) -> list[Message]:
         ready = [m for at, m in self._deferred if at <= now]
         self._deferred = [(at, m) for at, m in self._deferred if at > now]
         ready.extend(fresh)

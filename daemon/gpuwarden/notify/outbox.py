@@ -14,8 +14,10 @@ moment of the crash; none is lost).
 
 The outbox has its own connection to the journal file (WAL: the journal's writer and this one
 do not block each other for longer than one short transaction) and its own lock, so the run
-loop (``put``) and the sender thread (everything else) may call it at the same time. Stored
-errors pass through ``redact_text``; URLs are never stored.
+loop (``put``) and the sender thread (everything else) may call it at the same time. The
+daemon opens it with ``Access.WRITE`` (its journal created the file), ``gpuwarden outbox``
+with ``Access.READ`` (``Outbox.open_readonly``). Stored errors pass through ``redact_text``;
+URLs are never stored.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Literal, Protocol
 from gpuwarden.journal.records import cap, redact_text
 from gpuwarden.journal.schema import (
     MIGRATIONS,
+    Access,
     JournalError,
     Migration,
     connect,
@@ -127,7 +130,9 @@ def clean_error(text: str) -> str:
 
 
 class Outbox:
-    """The outbox table of the journal at ``path`` (created and migrated when needed)."""
+    """The outbox table of the journal at ``path``: created and migrated when needed
+    (``Access.OWN``, a drill's scratch file), an existing journal (``Access.WRITE``), or read
+    only (``Outbox.open_readonly``: every write is refused)."""
 
     def __init__(
         self,
@@ -135,11 +140,16 @@ class Outbox:
         *,
         timeout: float = 5.0,
         migrations: Sequence[Migration] = MIGRATIONS,
+        access: Access = Access.OWN,
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._conn = connect(self.path, timeout=timeout, migrations=migrations)
+        self._conn = connect(self.path, timeout=timeout, migrations=migrations, access=access)
+
+    @classmethod
+    def open_readonly(cls, path: Path, *, timeout: float = 5.0) -> Outbox:
+        return cls(path, timeout=timeout, access=Access.READ)
 
     def close(self) -> None:
         with self._lock:
@@ -276,6 +286,16 @@ class Outbox:
             query += f" WHERE status IN ({', '.join('?' * len(statuses))})"
         with self._tx(write=False) as conn:
             return [_row(r) for r in conn.execute(query + " ORDER BY id", statuses)]
+
+    def about(self, incident: str) -> list[OutboxRow]:
+        """Every row about ``incident`` (alone or grouped with others), oldest first."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM outbox"  # noqa: S608
+                " WHERE instr(',' || incident || ',', ',' || ? || ',') > 0 ORDER BY id",
+                (incident,),
+            ).fetchall()
+        return [_row(r) for r in rows]
 
     def pending(self) -> list[OutboxRow]:
         """Rows still to deliver (``pending`` or ``sending``)."""

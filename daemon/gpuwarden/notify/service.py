@@ -2,8 +2,10 @@
 outbox in the journal file (nothing is lost) and the sender thread (delivery with retries).
 
 The loop calls ``observe`` with each tick's journaled records, ``observe_outcome`` as steps
-finish, and ``flush`` at the end of each tick; ``close`` at shutdown hands everything still due
-to the outbox, which a restarted daemon delivers.
+finish, and ``flush`` at the end of each tick; ``close`` at shutdown hands everything still held
+to the outbox (never a reminder), which a restarted daemon delivers. ``restore`` at start
+rebuilds an open incident's group from the journal: its notify steps, and from the outbox what
+was already said and when, so reminders keep their times across a restart.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
+from gpuwarden.journal.schema import Access
 from gpuwarden.model import GpuState, Intent, Outcome, Reason, RuleChange, Transition
 from gpuwarden.notify.delivery import UrlResult, send_test
 from gpuwarden.notify.grouping import Timing
@@ -26,7 +29,6 @@ from gpuwarden.notify.routing import resolve_urls
 from gpuwarden.notify.sender import Sender
 from gpuwarden.playbook.schema import NotifyParams, Rule
 
-FLUSH_AHEAD = 10 * 86400.0
 DRAIN_S = 5.0  # at a stop, how long deliveries that are due may still take
 
 
@@ -101,7 +103,10 @@ class Notifications:
         background: bool = True,
         clock: Clock | None = None,
         rules: Sequence[Rule] = (),
+        access: Access = Access.OWN,
     ) -> None:
+        """``access``: how the outbox opens ``journal_path`` (the daemon: ``WRITE``, its
+        journal made the file; a drill's scratch file: ``OWN``)."""
         self.notifier = Notifier(
             config,
             host=host,
@@ -109,7 +114,7 @@ class Notifications:
             descriptions=descriptions,
             timing=timings(config, rules),
         )
-        self.outbox = Outbox(journal_path)
+        self.outbox = Outbox(journal_path, access=access)
         targets = config.notify.targets
         self.sender = Sender(
             self.outbox,
@@ -179,8 +184,23 @@ class Notifications:
             )
         if len(records) > 1:
             self.notifier.observe(records, now)
+            self._resume(incident.id, now)
         if incident.acked_at is not None:
             self.notifier.ack(incident.id, now)
+
+    def _resume(self, incident: str, now: float) -> None:
+        """What the outbox says the group of ``incident`` had already been told: whether it
+        was announced, to whom, when last (the next reminder counts from there) and how many
+        messages (new message ids start after them)."""
+        rows = self.outbox.about(incident)
+        if not rows:
+            return  # never announced: the group announces itself as usual
+        self.notifier.grouper.resume(
+            incident,
+            told=tuple(dict.fromkeys(r.target for r in rows)),
+            last_sent=min(now, max(r.created for r in rows)),
+            sequence=len(rows),  # each notice made at least one row
+        )
 
     def observe_outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
         self.notifier.observe_outcome(intent, outcome, now)
@@ -204,11 +224,12 @@ class Notifications:
     def admin(self, title: str, body: str, now: float) -> None:
         self.notifier.admin(title, body, now, severity="critical")
 
-    def flush(self, now: float, *, ahead: float = 0.0) -> int:
+    def flush(self, now: float, *, final: bool = False) -> int:
         """Write what is due to the outbox (before anything is sent) and wake the sender.
-        ``ahead``: also what grouping would hold back that much longer (at a stop)."""
-        due = self.notifier.due(now + ahead)
-        added = sum(1 for message in due if self.outbox.put(message, now))
+        ``final`` (at a stop): everything grouping still holds, and no reminder; a message
+        waiting for quiet hours is queued for the hour they end."""
+        due = self.notifier.drain(now) if final else [(now, m) for m in self.notifier.due(now)]
+        added = sum(1 for at, message in due if self.outbox.put(message, at))
         self.queued += added
         if added and self.background:
             self.sender.wake()
@@ -221,7 +242,7 @@ class Notifications:
     def close(self, now: float) -> None:
         # Groups live in memory: at a stop, whatever they hold goes to the outbox now rather
         # than waiting for group_wait / group_interval and being lost.
-        self.flush(now, ahead=FLUSH_AHEAD)
+        self.flush(now, final=True)
         if self.background:
             # Give what is due now a bounded chance to go out; whatever does not stays in
             # the outbox and is delivered by the next start.

@@ -94,7 +94,10 @@ def prepare(text: str) -> Prepared:
             before = _flatten(text[pos : start + match.start()])
             out.append(before)
             written += len(before)
-            seconds = parse_duration(match.group())
+            try:
+                seconds = parse_duration(match.group())
+            except ValueError as exc:  # longer than MAX_DURATION
+                raise ExprError(str(exc), start + match.start()) from None
             if not math.isfinite(seconds):
                 raise ExprError(f"duration too large: {match.group()}", start + match.start())
             literal = repr(seconds)

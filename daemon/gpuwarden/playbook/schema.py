@@ -27,10 +27,15 @@ _DURATION_SCHEMA: dict[str, Any] = {
         {"type": "number", "minimum": 0},
         {"type": "string", "pattern": r"^ *(([0-9]+(\.[0-9]+)? *(ms|s|m|h|d) *)+|[0-9.]+ *)$"},
     ],
-    "description": "a duration: seconds, or a text such as 30s, 2m, 1h30m",
+    "description": "a duration: seconds, or a text such as 30s, 2m, 1h30m (at most 3650d)",
 }
 # Infinite and NaN values are refused by every model below (allow_inf_nan=False).
 Seconds = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
+# Numbers are bounded where they are read, so a typo is a file:line:col at `check` and never an
+# overflow at run time (durations: units.MAX_DURATION).
+MAX_TARGETS = 10_000  # processes one step may choose (`limit`)
+MAX_WATTS = 10_000.0  # a power limit (`power_cap.watts`); the device clamps it further
+MAX_INSTANCES = 1_000  # instances one provision step may launch (`count`)
 _STRING: dict[str, Any] = {"type": "string"}
 _STRINGS: dict[str, Any] = {"type": "array", "items": _STRING, "minItems": 1}
 
@@ -78,7 +83,7 @@ class Selection(_Strict):
 
     select: str | None = None
     order: tuple[str, ...] | None = None
-    limit: int | None = Field(default=None, ge=1)
+    limit: int | None = Field(default=None, ge=1, le=MAX_TARGETS)
     free_until: str | None = None
 
     @field_validator("order", mode="before")
@@ -121,7 +126,7 @@ class KillParams(Selection):
 
 
 class PowerCapParams(_Strict):
-    watts: float | None = Field(default=None, gt=0)
+    watts: float | None = Field(default=None, gt=0, le=MAX_WATTS)
     percent: float | None = Field(default=None, gt=0, le=100)
     restore: bool = True
 
@@ -145,7 +150,7 @@ class ExecParams(_Strict):
 
 class ProvisionParams(_Strict):
     profile: str
-    count: int | None = Field(default=None, ge=1)
+    count: int | None = Field(default=None, ge=1, le=MAX_INSTANCES)
 
 
 def _shorthand(key: str) -> Any:
