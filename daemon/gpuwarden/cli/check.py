@@ -63,6 +63,12 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "allowed: credentials, permissions, parameters",
     )
     drill.add_argument(
+        "--html",
+        metavar="FILE.html",
+        help="also write the drill as one self-contained HTML page (charts, steps, the "
+        "messages it would send); - for standard output",
+    )
+    drill.add_argument(
         "--tick",
         type=duration,
         metavar="D",
@@ -141,14 +147,26 @@ def cmd_drill(args: argparse.Namespace) -> int:
             "--cloud: the config has no cloud profiles to ask EC2 about",
             "define them under cloud.profiles, or give the daemon's --config",
         )
+    if args.html == "-" and not args.json:
+        raise UsageError(
+            "--html - writes the page to standard output, where the timeline goes",
+            "give --html a file name, or add --json and keep the page apart",
+        )
     summary = drill.Summary()
     # The drill's own journal for --notify's outbox and --cloud's instances; never the daemon's.
+    # --html composes the messages there too (without sending them) to show them.
     scratch = (
         tempfile.TemporaryDirectory(prefix="gpuwarden-drill-")
-        if args.notify or args.cloud
+        if args.notify or args.cloud or args.html
         else None
     )
     journal = Path(scratch.name) / "journal.db" if scratch else None
+    readings = None
+    records: list[dict[str, Any]] = []
+    if args.html:
+        from gpuwarden.report.from_drill import Readings
+
+        readings = Readings()
     try:
         for record in drill.run(
             args.scenario,
@@ -156,19 +174,64 @@ def cmd_drill(args: argparse.Namespace) -> int:
             playbooks,
             tick=args.tick,
             summary=summary,
-            notify=journal if args.notify else None,
+            notify=journal if args.notify or args.html else None,
             cloud=journal if args.cloud else None,
+            deliver=bool(args.notify),
+            observe=readings,
         ):
+            if readings is not None:
+                records.append(record)
             if args.json:
                 print(json.dumps(record), flush=False)
             else:
                 print(drill.render_record(record))
         if not args.json:
             print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+        if readings is not None and journal is not None:
+            _drill_report(args, playbooks, summary, records, readings, journal)
     finally:
         if scratch is not None:
             scratch.cleanup()
     return ExitCode.OK
+
+
+def _drill_report(
+    args: argparse.Namespace,
+    playbooks: Any,
+    summary: Any,
+    records: list[dict[str, Any]],
+    readings: Any,
+    journal: Path,
+) -> None:
+    import time
+
+    from gpuwarden import __version__
+    from gpuwarden.cli.report import said, write_html
+    from gpuwarden.notify.outbox import Outbox
+    from gpuwarden.report import from_drill, page
+
+    messages = []
+    if journal.exists():
+        with Outbox.open_readonly(journal) as outbox:
+            messages = outbox.rows()
+    report = from_drill.build(
+        records,
+        readings,
+        playbooks,
+        scenario=f"{summary.scenario} ({args.scenario})",
+        description=summary.description,
+        start=summary.start,
+        duration=summary.simulated_s,
+        messages=messages,
+        delivered=bool(args.notify),
+        now=time.time(),
+        version=__version__,
+        ticks=summary.ticks,
+    )
+    text = page.render(report)
+    written = write_html(text, args.html)
+    if written is not None:
+        print(said(written, text), file=sys.stderr if args.json else sys.stdout)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

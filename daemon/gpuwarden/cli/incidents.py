@@ -89,7 +89,7 @@ def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
 
     journal = _readonly(args, cfg)
     try:
-        incident = _journal_target(journal, args.id)
+        incident = journal_target(journal, args.id)
         timeline = journal.timeline(incident.id)
         instances = _cloud_instances(journal.path, incident.id)
     finally:
@@ -130,7 +130,7 @@ def cmd_reset_breaker(args: argparse.Namespace, cfg: config.Config) -> int:
     return ExitCode.OK
 
 
-def _journal_target(journal: Any, text: str) -> Any:
+def journal_target(journal: Any, text: str) -> Any:
     if text == "last":
         rows = journal.incidents()
         if not rows:
@@ -144,7 +144,7 @@ def cmd_ack(args: argparse.Namespace, cfg: config.Config) -> int:
 
     journal = Journal(state_dir(args, cfg) / JOURNAL_NAME)
     try:
-        incident = _journal_target(journal, args.id)
+        incident = journal_target(journal, args.id)
         journal.ack(incident.id, time.time())
     finally:
         journal.close()

@@ -127,7 +127,8 @@ def clean_error(text: str) -> str:
 
 
 class Outbox:
-    """The outbox table of the journal at ``path`` (created and migrated when needed)."""
+    """The outbox table of the journal at ``path`` (created and migrated when needed);
+    ``Outbox.open_readonly(path)`` reads it and changes nothing (a report)."""
 
     def __init__(
         self,
@@ -135,11 +136,16 @@ class Outbox:
         *,
         timeout: float = 5.0,
         migrations: Sequence[Migration] = MIGRATIONS,
+        readonly: bool = False,
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._conn = connect(self.path, timeout=timeout, migrations=migrations)
+        self._conn = connect(self.path, timeout=timeout, migrations=migrations, readonly=readonly)
+
+    @classmethod
+    def open_readonly(cls, path: Path, *, timeout: float = 5.0) -> Outbox:
+        return cls(path, timeout=timeout, readonly=True)
 
     def close(self) -> None:
         with self._lock:
@@ -276,6 +282,17 @@ class Outbox:
             query += f" WHERE status IN ({', '.join('?' * len(statuses))})"
         with self._tx(write=False) as conn:
             return [_row(r) for r in conn.execute(query + " ORDER BY id", statuses)]
+
+    def about(self, incident: str) -> list[OutboxRow]:
+        """The messages about one incident (alone or grouped with others), oldest first."""
+        pattern = "%" + incident.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM outbox WHERE incident LIKE ? ESCAPE '\\'"  # noqa: S608
+                " ORDER BY id",
+                (pattern,),
+            )
+            return [r for r in map(_row, rows) if incident in r.incidents]
 
     def pending(self) -> list[OutboxRow]:
         """Rows still to deliver (``pending`` or ``sending``)."""
