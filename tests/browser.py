@@ -56,6 +56,7 @@ MEASURE = """(() => {
   const d = document.documentElement, body = document.body;
   let bottom = 0;
   for (const el of body.querySelectorAll('*')) {
+    if (el.checkVisibility && !el.checkVisibility()) continue;  // e.g. a closed <details>
     const r = el.getBoundingClientRect();
     if (r.width > 0 && r.height > 0) bottom = Math.max(bottom, r.bottom + window.scrollY);
   }
