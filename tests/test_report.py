@@ -338,6 +338,16 @@ def test_report_of_an_unknown_incident_or_an_unwritable_file(
     assert "report:" not in to_stdout.stdout
 
 
+def test_a_drill_page_goes_to_a_file() -> None:
+    refused = gpuwarden(
+        "drill", "scenarios/memory-pressure-low-priority.yaml", "--config", "config/demo.yaml",
+        "--playbooks", "playbooks/memory-pressure.yaml", "--html", "-",
+    )  # fmt: skip
+    assert refused.returncode == ExitCode.BAD_INPUT
+    assert "--html needs a file name" in refused.stderr
+    assert refused.stdout == ""
+
+
 def test_an_incident_from_before_reports_still_gets_a_page(tmp_path: Path) -> None:
     """A journal written before readings were kept (schema 3), migrated: no curve, the rule
     from the playbooks as they are now, and the page says so."""

@@ -66,7 +66,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "--html",
         metavar="FILE.html",
         help="also write the drill as one self-contained HTML page (charts, steps, the "
-        "messages it would send); - for standard output",
+        "messages it would send): docs/reports.md",
     )
     drill.add_argument(
         "--tick",
@@ -147,10 +147,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
             "--cloud: the config has no cloud profiles to ask EC2 about",
             "define them under cloud.profiles, or give the daemon's --config",
         )
-    if args.html == "-" and not args.json:
+    if args.html == "-":
         raise UsageError(
-            "--html - writes the page to standard output, where the timeline goes",
-            "give --html a file name, or add --json and keep the page apart",
+            "--html needs a file name: standard output carries the drill's timeline",
+            "for example --html drill.html",
         )
     summary = drill.Summary()
     # The drill's own journal for --notify's outbox and --cloud's instances; never the daemon's.

@@ -104,12 +104,13 @@ def cmd_report(args: argparse.Namespace, cfg: config.Config) -> int:
         journal.close()
     with Outbox.open_readonly(path) as outbox:
         messages = outbox.about(incident.id)
-    fallback = None if rule is not None else _current_rule(args, cfg, incident.rule)
+    fallback, missing = (None, "") if rule is not None else _current_rule(args, cfg, incident.rule)
     report = from_journal.build(
         incident,
         rows,
         rule=rule,
         fallback=fallback,
+        missing=missing,
         samples=samples,
         procs=procs,
         messages=messages,
@@ -124,19 +125,21 @@ def cmd_report(args: argparse.Namespace, cfg: config.Config) -> int:
     return ExitCode.OK
 
 
-def _current_rule(args: argparse.Namespace, cfg: config.Config, name: str) -> Any:
-    """The rule as the playbooks define it now (for an incident the journal has no rule of);
-    None when they cannot be loaded or no longer have it."""
+def _current_rule(args: argparse.Namespace, cfg: config.Config, name: str) -> tuple[Any, str]:
+    """The rule as the playbooks define it now (for an incident the journal has no rule of),
+    or None and why not."""
     from gpuwarden.playbook import loader
     from gpuwarden.report.model import RuleView
 
+    paths = playbook_paths(args.playbooks, cfg)
     try:
-        playbooks = loader.load(playbook_paths(args.playbooks, cfg), cfg)
-    except (GpuwardenError, OSError):
-        return None
+        playbooks = loader.load(paths, cfg)
+    except (GpuwardenError, OSError) as exc:
+        first = str(exc.render() if isinstance(exc, GpuwardenError) else exc).splitlines()[0]
+        return None, f"the playbooks ({', '.join(paths)}) could not be loaded: {first}"
     compiled = playbooks.rule(name)
     if compiled is None:
-        return None
+        return None, f"the playbooks ({', '.join(paths)}) no longer have it"
     until = None if compiled.until is None else compiled.until.text
     return RuleView(
         name,
@@ -145,4 +148,4 @@ def _current_rule(args: argparse.Namespace, cfg: config.Config, name: str) -> An
         compiled.spec.for_,
         compiled.spec.description,
         note="from the playbooks as they are now",
-    )
+    ), ""

@@ -147,6 +147,11 @@ Describe = Callable[[str, str], RuleFacts | None]  # (incident id, rule) -> its 
 def split(snapshot: Snapshot, gpus: Iterable[int] | None = None) -> dict[int, list[GpuProcess]]:
     """The snapshot's processes by GPU (only ``gpus``, when given)."""
     wanted = None if gpus is None else set(gpus)
+    if wanted is not None and len(wanted) == 1:  # the common case: one incident, one GPU
+        (only,) = wanted
+        if all(g.index != only for g in snapshot.gpus):
+            return {}
+        return {only: [p for p in snapshot.processes if p.gpu == only]}
     by_gpu: dict[int, list[GpuProcess]] = {
         g.index: [] for g in snapshot.gpus if wanted is None or g.index in wanted
     }

@@ -189,6 +189,7 @@ def build(
     *,
     rule: RuleFacts | None,
     fallback: RuleView | None,
+    missing: str = "",
     samples: Sequence[GpuSample],
     procs: Sequence[ProcFacts],
     messages: Sequence[OutboxRow],
@@ -213,9 +214,9 @@ def build(
         )
     else:
         rule_view = None
+        why = f" and {missing}" if missing else ""
         remarks.append(
-            f"The rule {incident.rule} is neither in the journal nor in the playbooks now: "
-            "no threshold is drawn."
+            f"The journal did not keep the rule {incident.rule}{why}: no threshold is drawn."
         )
     gpus: dict[int, GpuSeries] = {}
     wanted = None if incident.gpu is None else incident.gpu

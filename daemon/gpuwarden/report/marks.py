@@ -14,6 +14,8 @@ from gpuwarden.report.series import GpuSeries
 from gpuwarden.report.svg import Scale, esc, num, quantity, shape
 from gpuwarden.units import format_duration
 
+MIN_SPAN = 8.0  # pixels: a step that finished sooner gets no bar
+
 
 @dataclass
 class _Marker:
@@ -30,7 +32,9 @@ def lanes(steps: Sequence[StepView], x: Scale) -> tuple[list[_Marker], int]:
     ends: list[float] = []
     for step in sorted(steps, key=lambda s: (s.time, s.number)):
         xs = x(step.time)
-        x_end = x(step.finished_at) if step.finished_at and step.finished_at > step.time else None
+        x_end = x(step.finished_at) if step.finished_at is not None else None
+        if x_end is not None and x_end - xs < MIN_SPAN:
+            x_end = None  # finished within a few pixels: a bar would only blur the marker
         label = f"{step.number} {step.label}"
         width = 6.4 * len(label) + 12
         anchor_end = xs + width > W - RIGHT
