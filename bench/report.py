@@ -13,11 +13,14 @@ from an hour of one GPU's readings at 1 Hz (3,601 samples).
 from __future__ import annotations
 
 import tempfile
+import tracemalloc
+from copy import copy
+from dataclasses import replace
 from pathlib import Path
 
 from engine import START, Machine
 from gpuwarden.journal.journal import Journal
-from gpuwarden.journal.samples import GpuSample, RuleFacts, SampleRecorder
+from gpuwarden.journal.samples import RING, GpuSample, RuleFacts, SampleRecorder
 from gpuwarden.report import page
 from gpuwarden.report.model import IncidentView, Report, RuleView
 from gpuwarden.report.series import GpuSeries
@@ -81,6 +84,29 @@ def recorder_costs() -> None:
     print(f"{'journal file after 40 batches (20 minutes)':<52} {size / 1024:>10,.0f} KiB")
 
 
+def ring_memory(gpus: int, procs: int) -> None:
+    """What the preroll holds once full: GPU states and process identities by reference
+    (the source made them anyway; they live on for as long as the ring keeps them), and the
+    compact moments themselves."""
+    machine = Machine(gpus, procs, firing=False)
+    snapshots = [
+        replace(
+            machine.snapshot(n, START + n),
+            gpus=tuple(copy(g) for g in machine.snapshot(n, START + n).gpus),
+        )
+        for n in range(64)
+    ]
+    recorder = SampleRecorder(_facts)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for n in range(2 * RING * 10):
+        recorder.observe(snapshots[n % 64], START + n * 10.0, ())
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    name = f"preroll held, {gpus} GPUs x {procs} processes (full ring)"
+    print(f"{name:<52} {held / 1024:>10,.0f} KiB")
+
+
 def render_costs() -> None:
     machine = Machine(8, 64, firing=False)
     series = GpuSeries(3, "NVIDIA H100 80GB HBM3")
@@ -107,6 +133,8 @@ def render_costs() -> None:
 def main() -> None:
     header("Reports: readings kept by the daemon, pages drawn")
     recorder_costs()
+    ring_memory(8, 64)
+    ring_memory(16, 1024)
     render_costs()
 
 

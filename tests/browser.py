@@ -65,9 +65,12 @@ MEASURE = """(() => {
     return {x: b.x, y: b.y, width: b.width, height: b.height,
             viewWidth: v.width, viewHeight: v.height, shownWidth: r.width, shownHeight: r.height};
   });
+  const shown = sel => [...document.querySelectorAll(sel)].filter(
+    el => !el.checkVisibility || el.checkVisibility()).length;
   return {scrollHeight: d.scrollHeight, scrollWidth: d.scrollWidth, clientWidth: d.clientWidth,
           contentBottom: Math.ceil(bottom), scripts: document.scripts.length, svgs,
-          texts: document.querySelectorAll('svg text').length};
+          texts: document.querySelectorAll('svg text').length,
+          printOnly: shown('.print-only'), details: shown('details')};
 })()"""
 
 
@@ -100,6 +103,7 @@ class Loaded:
     measures: dict[str, Any] = field(default_factory=dict)
     content_size: dict[str, float] = field(default_factory=dict)
     png: bytes = b""
+    pdf: bytes = b""
 
 
 class Browser:
@@ -188,9 +192,10 @@ class Browser:
 
     # -- pages ------------------------------------------------------------------------------
 
-    def load(self, page: Path, *, scale: float = 1.0) -> Loaded:
+    def load(self, page: Path, *, scale: float = 1.0, media: str = "", pdf: bool = False) -> Loaded:
         """Open ``page``, wait for it to load, measure it and take a full-page screenshot at
-        ``scale`` (0.25: a quarter of the size in each direction)."""
+        ``scale`` (0.25: a quarter of the size in each direction). ``media="print"`` shows it
+        as it prints; ``pdf`` also prints it (A4 landscape, as the page asks) to ``pdf``."""
         url = page.resolve().as_uri()
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
@@ -204,6 +209,8 @@ class Browser:
             {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False},
             session,
         )
+        if media:
+            self.call("Emulation.setEmulatedMedia", {"media": media}, session)
         self.call("Page.navigate", {"url": url}, session)
         self.wait_for("Page.loadEventFired", session)
         loaded = Loaded(url)
@@ -230,6 +237,11 @@ class Browser:
             timeout=60.0,
         )
         loaded.png = base64.b64decode(shot["data"])
+        if pdf:
+            printed = self.call(
+                "Page.printToPDF", {"preferCSSPageSize": True}, session, timeout=60.0
+            )
+            loaded.pdf = base64.b64decode(printed["data"])
         self.call("Target.closeTarget", {"targetId": target})
         for event in self._events:
             if event.get("sessionId") != session:

@@ -63,7 +63,22 @@ def looks_right(loaded: Loaded) -> None:
 
 
 def test_an_incident_report_in_chromium(browser: Browser, run_report: RunReport) -> None:
-    looks_right(browser.load(run_report.path, scale=SCALE))
+    loaded = browser.load(run_report.path, scale=SCALE)
+    looks_right(loaded)
+    assert loaded.measures["details"] > 0  # message bodies fold away on screen
+    assert loaded.measures["printOnly"] == 0
+
+
+def test_an_incident_report_on_paper(browser: Browser, run_report: RunReport) -> None:
+    """As it prints: the message bodies written out (nothing unfolds on paper), A4 pages."""
+    loaded = browser.load(run_report.path, scale=SCALE, media="print", pdf=True)
+    assert loaded.console == []
+    assert loaded.measures["details"] == 0
+    assert loaded.measures["printOnly"] > 0
+    assert loaded.measures["scrollWidth"] <= loaded.measures["clientWidth"]
+    assert loaded.pdf.startswith(b"%PDF-")
+    pages = loaded.pdf.count(b"/Type /Page") - loaded.pdf.count(b"/Type /Pages")
+    assert 1 <= pages <= 6
 
 
 @pytest.mark.parametrize("playbook", ["memory-pressure", "gpu-lost-fatal-xid", "cloud-burst"])

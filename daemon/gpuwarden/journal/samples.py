@@ -5,8 +5,9 @@ While an incident is open, and for ``tail`` seconds after it resolves, every tic
 its GPU (of every GPU for an incident without one) is kept: the gauges a rule reads (memory,
 temperature, power, utilisation) and each process's GPU memory. So that the chart also shows
 the climb before the rule fired, ``SampleRecorder`` keeps the last ``preroll`` seconds of
-snapshots in memory (at most ``RING`` of them, thinned evenly: the per-tick cost is one
-comparison and, now and then, one append), and writes that stretch when an incident opens.
+snapshots in memory (at most ``RING`` of them, thinned evenly, each kept compactly: the
+per-tick cost is one comparison and, now and then, one pass over the processes), and writes
+that stretch when an incident opens.
 
 Write cost: samples are written in batches, one transaction every ``flush_every`` seconds (and
 when an incident opens or resolves), never one per tick; a batch is a row per GPU and tick
@@ -23,15 +24,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuwarden.journal.records import cap, redact_text
-from gpuwarden.model import GpuProcess, GpuState, Snapshot
+from gpuwarden.model import GpuProcess, GpuState, ProcessInfo, Snapshot
 
-RING = 150  # snapshots kept for the preroll, at most
+RING = 60  # moments kept for the preroll, at most
 GAUGES = (
     "used_mib",
     "total_mib",
@@ -62,6 +64,12 @@ class GpuSample:
 
     @classmethod
     def of(cls, state: GpuState, procs: Iterable[GpuProcess], time: float) -> GpuSample:
+        return cls.of_state(state, tuple((p.pid, p.gpu_memory_mib) for p in procs), time)
+
+    @classmethod
+    def of_state(
+        cls, state: GpuState, procs: tuple[tuple[int, int | None], ...], time: float
+    ) -> GpuSample:
         memory = state.memory
         return cls(
             time,
@@ -74,7 +82,7 @@ class GpuSample:
             state.utilization_pct,
             state.memory_utilization_pct,
             state.lost,
-            tuple((p.pid, p.gpu_memory_mib) for p in procs),
+            procs,
         )
 
 
@@ -92,10 +100,13 @@ class ProcFacts:
 
     @classmethod
     def of(cls, proc: GpuProcess, time: float) -> ProcFacts:
-        info = proc.info
+        return cls.of_info(proc.gpu, proc.pid, proc.info, time)
+
+    @classmethod
+    def of_info(cls, gpu: int, pid: int, info: ProcessInfo, time: float) -> ProcFacts:
         return cls(
-            proc.gpu,
-            proc.pid,
+            gpu,
+            pid,
             info.create_time,
             None if info.user is None else cap(info.user, 256),
             info.priority,
@@ -162,10 +173,42 @@ def split(snapshot: Snapshot, gpus: Iterable[int] | None = None) -> dict[int, li
     return by_gpu
 
 
+@dataclass(frozen=True, slots=True)
+class _Moment:
+    """One snapshot as the preroll keeps it: the GPU states (immutable, by reference) and each
+    GPU's processes as ``[pid, MiB, pid, MiB, ...]`` (-1: unknown), a few bytes each."""
+
+    time: float
+    gpus: tuple[GpuState, ...]
+    procs: dict[int, array[int]]
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, time: float) -> _Moment:
+        procs: dict[int, array[int]] = {g.index: array("q") for g in snapshot.gpus}
+        for proc in snapshot.processes:
+            pairs = procs.get(proc.gpu)
+            if pairs is not None:
+                mib = proc.gpu_memory_mib
+                pairs.extend((proc.pid, -1 if mib is None else mib))
+        return cls(time, snapshot.gpus, procs)
+
+    def sample(self, state: GpuState) -> GpuSample:
+        pairs = self.procs.get(state.index) or array("q")
+        procs = tuple(
+            (pairs[k], None if pairs[k + 1] < 0 else pairs[k + 1]) for k in range(0, len(pairs), 2)
+        )
+        return GpuSample.of_state(state, procs, self.time)
+
+
 class SampleRecorder:
     """Decides which readings the journal keeps (see the module doc). The run loop calls
     ``observe`` once per tick with the engine's open incidents, and writes ``take()`` to the
-    journal when ``due``; ``take(everything=True)`` at shutdown."""
+    journal when ``due``, and once more at shutdown.
+
+    Memory: the preroll holds at most ``RING`` moments — the GPU states by reference and
+    16 bytes per process — and the identity of each process seen in them (its latest
+    ``ProcessInfo``, by reference): about 0.1 MiB for 8 GPUs and 64 processes, 1.3 MiB for
+    16 GPUs and 1,024 (``bench/report.py``)."""
 
     def __init__(
         self,
@@ -179,7 +222,8 @@ class SampleRecorder:
         self.preroll = preroll
         self.tail = tail
         self.flush_every = flush_every
-        self._ring: deque[tuple[float, Snapshot]] = deque()
+        self._ring: deque[_Moment] = deque()
+        self._seen: dict[tuple[int, int], tuple[float, ProcessInfo]] = {}  # (GPU, pid)
         self._watching: dict[str, tuple[int | None, float | None]] = {}  # id -> (gpu, until)
         self._last: dict[int, float] = {}  # GPU -> time of its last sample queued
         self._known: set[tuple[int, int, float | None]] = set()
@@ -235,22 +279,43 @@ class SampleRecorder:
 
     def _remember(self, snapshot: Snapshot, now: float) -> None:
         ring = self._ring
-        spacing = self.preroll / RING
-        if ring and now - ring[-1][0] < spacing:
+        if ring and now - ring[-1].time < self.preroll / RING:
             return
-        ring.append((now, snapshot))
-        while ring and (now - ring[0][0] > self.preroll or len(ring) > RING):
+        ring.append(_Moment.of(snapshot, now))
+        seen = self._seen
+        for proc in snapshot.processes:
+            seen[(proc.gpu, proc.pid)] = (now, proc.info)
+        while ring and (now - ring[0].time > self.preroll or len(ring) > RING):
             ring.popleft()
+        oldest = ring[0].time
+        if len(seen) > 2 * len(snapshot.processes) + 64:  # forget who left before the ring
+            self._seen = {k: v for k, v in seen.items() if v[0] >= oldest}
 
     def _begin(self, incident: WatchedIncident, now: float) -> None:
         if self.describe is not None:
             facts = self.describe(incident.id, incident.rule)
             if facts is not None:
                 self._batch.rules.append(facts)
-        gpus = None if incident.gpu is None else {incident.gpu}
-        for time, snapshot in self._ring:
-            if time < now:
-                self._queue(snapshot, time, gpus)
+        for moment in self._ring:
+            if moment.time >= now:
+                continue
+            for state in moment.gpus:
+                if incident.gpu is not None and state.index != incident.gpu:
+                    continue
+                if self._last.get(state.index, float("-inf")) >= moment.time:
+                    continue
+                self._last[state.index] = moment.time
+                sample = moment.sample(state)
+                self._batch.samples.append(sample)
+                for pid, _ in sample.procs:
+                    found = self._seen.get((state.index, pid))
+                    if found is not None:
+                        self._note(ProcFacts.of_info(state.index, pid, found[1], moment.time))
+
+    def _note(self, facts: ProcFacts) -> None:
+        if facts.key not in self._known:
+            self._known.add(facts.key)
+            self._batch.procs.append(facts)
 
     def _queue(self, snapshot: Snapshot, now: float, gpus: set[int] | None) -> None:
         by_gpu = split(snapshot, gpus)
@@ -261,10 +326,8 @@ class SampleRecorder:
             self._last[state.index] = now
             self._batch.samples.append(GpuSample.of(state, procs, now))
             for proc in procs:
-                key = (proc.gpu, proc.pid, proc.info.create_time)
-                if key not in self._known:
-                    self._known.add(key)
-                    self._batch.procs.append(ProcFacts.of(proc, now))
+                if (proc.gpu, proc.pid, proc.info.create_time) not in self._known:
+                    self._note(ProcFacts.of(proc, now))
 
 
 # -- the tables -------------------------------------------------------------------------------

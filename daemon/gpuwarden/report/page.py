@@ -84,6 +84,7 @@ tr.note td, tr.note th { color: #555; background: #fafafa; }
 .whynot { margin-top: 4px; color: #333; } .whynot ul { margin: 2px 0 0; padding-left: 18px; }
 .hint, .empty { color: #555; }
 details summary { cursor: default; }
+.print-only { display: none; }
 footer { margin-top: 28px; color: #666; font-size: 12px; border-top: 1px solid #ddd;
   padding-top: 6px; }
 @media print {
@@ -91,7 +92,8 @@ footer { margin-top: 28px; color: #666; font-size: 12px; border-top: 1px solid #
   body { max-width: none; padding: 0; font-size: 10pt; }
   h2 { break-after: avoid; page-break-after: avoid; }
   tr, .rule { break-inside: avoid; page-break-inside: avoid; }
-  details > pre { display: block; }
+  details { display: none; }
+  .print-only { display: block; }
   a { color: inherit; text-decoration: none; }
   svg.chart .band { opacity: 0.7; }
 }

@@ -176,11 +176,12 @@ def notices_table(report: Report, notices: Sequence[NoticeView]) -> str:
     for n in notices:
         error = f"<br><small>{esc(n.error)}</small>" if n.error else ""
         attempts = f" ({n.attempts} attempt{'s' if n.attempts != 1 else ''})" if n.attempts else ""
-        body = (
-            f"<details><summary>{esc(n.title)}</summary><pre>{esc(n.body)}</pre></details>"
-            if n.body
-            else esc(n.title)
-        )
+        body = esc(n.title)
+        if n.body:  # folded on screen; on paper, where nothing unfolds, written out
+            body = (
+                f"<details><summary>{esc(n.title)}</summary><pre>{esc(n.body)}</pre></details>"
+                f'<div class="print-only"><b>{esc(n.title)}</b><pre>{esc(n.body)}</pre></div>'
+            )
         rows.append(
             f'<tr><td class="t">{stamp(report, n.time)}</td><td class="t">{esc(n.target)}</td>'
             f'<td class="t">{esc(n.kind)}</td><td class="msg">{body}</td>'
