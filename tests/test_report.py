@@ -416,3 +416,17 @@ def test_every_string_is_escaped_wherever_it_lands() -> None:
     self_contained(doc, text)
     assert text.count("&lt;script&gt;") >= 10
     assert "&amp;amp;" in text  # an entity in the input is text, not markup
+
+
+def test_every_step_kind_has_its_own_marker_shape() -> None:
+    """Read in black and white, a marker's shape is what tells the kinds apart."""
+    from gpuwarden.playbook.schema import STEP_KINDS
+    from gpuwarden.report.svg import SHAPE_NAMES, shape
+
+    shapes = {kind: shape(kind, 50.0, 20.0) for kind in STEP_KINDS}
+    assert len(set(shapes.values())) == len(STEP_KINDS)
+    assert set(SHAPE_NAMES) == set(STEP_KINDS)
+    assert len(set(SHAPE_NAMES.values())) == len(STEP_KINDS)
+    for kind, drawn in shapes.items():
+        (node,) = parse(drawn).children
+        assert node.tag in ("circle", "polygon", "rect", "path"), kind
