@@ -18,13 +18,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 # The demo: the machine as status shows it, the drill of the memory-pressure ladder, then the
 # daemon for real on the same scenario — its jobs are real processes: the checkpointable one is
-# signalled and acknowledges, the low-priority one is killed — and the incident's timeline.
+# signalled and acknowledges, the low-priority one is killed — the incident's timeline, and its
+# report as one HTML page (docs/reports.md).
 demo: $(STAMP)
 	$(BIN)/gpuwarden status --source scenario:$(DEMO_SCENARIO)@2m30s
 	$(BIN)/gpuwarden drill $(DEMO_SCENARIO) --config config/demo.yaml --playbooks playbooks/memory-pressure.yaml
 	rm -rf $(DEMO_STATE)
 	$(BIN)/gpuwarden run --config config/demo.yaml --source scenario:$(DEMO_SCENARIO) --playbooks playbooks/memory-pressure.yaml --state-dir $(DEMO_STATE) --speed 30
 	$(BIN)/gpuwarden incident last --state-dir $(DEMO_STATE)
+	$(BIN)/gpuwarden report last --config config/demo.yaml --state-dir $(DEMO_STATE) --out $(CURDIR)/$(DEMO_STATE)/report.html
+	@echo "open it in a browser: file://$(CURDIR)/$(DEMO_STATE)/report.html"
 
 test: $(STAMP)
 	$(BIN)/ruff check .

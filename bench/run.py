@@ -1,7 +1,7 @@
 """Benchmarks, run by hand or with ``make bench``; results go to docs/performance.md.
 
     python bench/run.py                 # everything (telemetry, then engine and drill)
-    python bench/run.py telemetry       # one group: telemetry | engine | drill | daemon
+    python bench/run.py telemetry       # one group: telemetry | engine | drill | daemon | report
 
 Each benchmark repeats its operation, reports the median and the spread of several rounds,
 and never asserts a time: machines are noisy, so compare medians and ratios, and always with
@@ -18,7 +18,7 @@ import time
 
 from harness import banner, load
 
-GROUPS = ("telemetry", "engine", "drill", "daemon")
+GROUPS = ("telemetry", "engine", "drill", "daemon", "report")
 
 
 def main(argv: list[str]) -> int:
@@ -46,6 +46,10 @@ def main(argv: list[str]) -> int:
         import daemon
 
         daemon.main()
+    if "report" in wanted:
+        import report
+
+        report.main()
     print(f"\nall benchmarks: {time.perf_counter() - began:.0f} s wall · {load()}")
     return 0
 

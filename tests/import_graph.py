@@ -62,6 +62,9 @@ GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
             "gpuwarden.drill",
         ),
     ),
+    # Reports draw what the journal (and the outbox in it) recorded, or what a drill played:
+    # above notify, beside the spine (which never needs to draw).
+    "report": (6, ("gpuwarden.report",)),
     "cli": (7, ("gpuwarden.cli", "gpuwarden.__main__")),
     "bench": (8, ("bench",)),
 }

@@ -124,3 +124,12 @@ def test_every_cloud_profile_key_is_documented() -> None:
             assert f"| `{name}` |" in reference, name
     for key in tags.OWN_KEYS:
         assert f"| `{key}` |" in CLOUD_DOC, key
+
+
+def test_the_reports_page_shows_the_demo_screenshot_and_the_readme_links_it() -> None:
+    reports = (ROOT / "docs" / "reports.md").read_text()
+    (image,) = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", reports)
+    png = (ROOT / "docs" / image).read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert "(docs/reports.md)" in (ROOT / "README.md").read_text()
+    assert "report last" in (ROOT / "Makefile").read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.journal.journal import Journal
+from gpuwarden.journal.journal import Journal, JournalError
 from gpuwarden.journal.schema import MIGRATIONS
 from gpuwarden.notify.messages import Message
 from gpuwarden.notify.outbox import Outbox
@@ -139,3 +139,18 @@ def test_stored_errors_are_redacted_and_bounded(path: Path) -> None:
     assert "abc123" not in row.last_error
     assert "\n" not in row.last_error
     assert len(row.last_error) < 1200
+
+
+def test_a_report_reads_the_messages_of_one_incident_and_writes_nothing(path: Path) -> None:
+    with Outbox(path) as outbox:
+        outbox.put(message(1))  # about inc-a and inc-b, grouped
+        outbox.put(message(2, incidents=("inc-b",)))
+        outbox.put(message(3, incidents=("inc_a",)))  # "_" is no wildcard
+        outbox.put(message(4, incidents=()))
+    with Outbox.open_readonly(path) as view:
+        assert [r.message_id for r in view.about("inc-a")] == ["msg-1"]
+        assert [r.message_id for r in view.about("inc-b")] == ["msg-1", "msg-2"]
+        assert [r.message_id for r in view.about("inc_a")] == ["msg-3"]
+        assert view.about("inc") == []
+        with pytest.raises(JournalError, match="cannot write to the journal"):
+            view.put(message(5))

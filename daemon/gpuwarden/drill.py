@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from gpuwarden.clock import SimClock
 from gpuwarden.cloud import plan
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
-from gpuwarden.model import Intent, Outcome, RuleChange, Target
+from gpuwarden.model import Intent, Outcome, RuleChange, Snapshot, Target
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.sources.select import Options, SourceSpec, open_source
 
@@ -47,6 +47,9 @@ class Summary:
     open_at_end: list[str] = field(default_factory=list)
     notified: int = 0  # messages delivered (drill --notify)
     notify_queued: int = 0
+    scenario: str = ""  # the scenario's name, description and start (for reports)
+    description: str = ""
+    start: float = 0.0
 
 
 def _target(target: Target, source: DrillSource) -> dict[str, Any]:
@@ -140,6 +143,8 @@ def run(
     summary: Summary | None = None,
     notify: Path | None = None,
     cloud: Path | None = None,
+    deliver: bool = True,
+    observe: Callable[[Snapshot, float], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the drill's timeline, one record at a time (see docs/playbooks.md, "Drills").
 
@@ -151,6 +156,9 @@ def run(
     are really delivered to the config's targets, marked ``[DRILL]``; otherwise nobody is told.
     With ``cloud`` (a journal file for the drill's own instance records) each provision step
     is put to EC2 as a ``DryRun`` launch, and its record's ``cloud.ec2`` says how EC2 answered.
+    ``deliver=False`` composes the messages into the outbox of ``notify`` and sends none (a
+    report shows what would have gone out). ``observe`` sees every snapshot played, with its
+    instant (a report draws them).
     """
     interval = tick or config.tick
     summary = summary if summary is not None else Summary()
@@ -163,6 +171,9 @@ def run(
         if spec.sample is not None:
             offset = source.sample_offset(spec.sample)
         engine = Engine(playbooks, config)
+        summary.scenario = source.scenario.name
+        summary.description = source.scenario.description
+        summary.start = source.start_time
         asker = None
         if cloud is not None and config.cloud.profiles:
             asker = _CloudAsker(config, cloud, config.host or source.host)
@@ -188,6 +199,8 @@ def run(
             clock.advance(now - clock.now())
             t = now - source.start_time
             snapshot = source.snapshot(now)
+            if observe is not None:
+                observe(snapshot, now)
             result = engine.step(snapshot, now)
             summary.ticks += 1
             if told is not None:
@@ -234,8 +247,8 @@ def run(
         summary.open_at_end = [i.id for i in engine.incidents]
         if told is not None:
             told.flush(clock.now(), final=True)
-            summary.notified = told.deliver_now()
-            summary.notify_queued = told.queued
+            summary.notified = told.deliver_now() if deliver else 0
+            summary.notify_queued = told.queued if deliver else 0
             told.close(clock.now())
     summary.wall_s = time.perf_counter() - began
 

@@ -25,6 +25,8 @@ from gpuwarden.config import Config
 from gpuwarden.dispatch import Dispatcher, RunStats
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
+from gpuwarden.journal.samples import RuleFacts, SampleRecorder
+from gpuwarden.journal.schema import JournalError
 from gpuwarden.model import Intent, Reason, RuleChange, Transition, Undo
 from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.loader import PlaybookSet
@@ -76,6 +78,8 @@ class Runtime:
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self.stats = RunStats()
+        # Readings around incidents, kept in the journal for reports (journal/samples.py).
+        self.samples = SampleRecorder(self._rule_facts, preroll=preroll_for(playbooks))
         self._source_lock = threading.Lock()
         self.steps = Dispatcher(
             journal,
@@ -196,6 +200,9 @@ class Runtime:
                 log.warning(
                     "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
                 )
+        self.samples.observe(snapshot, now, self.engine.incidents)
+        if self.samples.due(now):
+            self.journal.record_samples(self.samples.take(now))
         if self.cloud is not None:
             self._cloud_tick(now)  # before the flush: what the reaper ended goes out now
         if self.notifications is not None:
@@ -203,6 +210,15 @@ class Runtime:
         if self.metrics is not None:
             self._observe(snapshot, time.perf_counter() - began)
         return result
+
+    def _rule_facts(self, incident: str, rule: str) -> RuleFacts | None:
+        """The rule of an incident that just opened, for the journal (reports draw it)."""
+        compiled = self.engine.playbooks.rule(rule)
+        if compiled is None:
+            return None
+        until = None if compiled.until is None else compiled.until.text
+        spec = compiled.spec
+        return RuleFacts(incident, rule, compiled.when.text, until, spec.for_, spec.description)
 
     # -- cloud ------------------------------------------------------------------------------
 
@@ -318,6 +334,7 @@ class Runtime:
             return
         if result.ok:
             closed = self.engine.replace(result.playbooks, result.config, now)
+            self.samples.preroll = preroll_for(result.playbooks)
             self.config = result.config
             self.steps.rails.update(result.config.safety)  # keeps the room reserved
             self.steps.dry_run = self._forced_dry_run or result.config.dry_run
@@ -370,6 +387,10 @@ class Runtime:
             self.notifications.close(self.clock.now())
         if self.metrics is not None:
             self.metrics.close()
+        try:  # last: readings for reports never stand in the way of putting things back
+            self.journal.record_samples(self.samples.take(self.clock.now()))
+        except JournalError as exc:
+            log.warning("readings around incidents not written: %s", exc.render())
 
 
 def _log_resolved(change: RuleChange) -> None:
@@ -382,3 +403,10 @@ def _log_resolved(change: RuleChange) -> None:
             change.where,
             change.reason,
         )
+
+
+def preroll_for(playbooks: PlaybookSet) -> float:
+    """How much of the time before an incident its report shows: the longest ``for`` of the
+    set (the pending stretch) and five minutes more, at most an hour."""
+    longest = max((r.spec.for_ for r in playbooks.rules), default=0.0)
+    return min(3600.0, longest + 300.0)

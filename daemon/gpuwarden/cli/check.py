@@ -78,6 +78,12 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "allowed: credentials, permissions, parameters",
     )
     drill.add_argument(
+        "--html",
+        metavar="FILE.html",
+        help="also write the drill as one self-contained HTML page (charts, steps, the "
+        "messages it would send): docs/reports.md",
+    )
+    drill.add_argument(
         "--tick",
         type=duration,
         metavar="D",
@@ -154,14 +160,26 @@ def cmd_drill(args: argparse.Namespace) -> int:
             "--cloud: the config has no cloud profiles to ask EC2 about",
             "define them under cloud.profiles, or give the daemon's --config",
         )
+    if args.html == "-":
+        raise UsageError(
+            "--html needs a file name: standard output carries the drill's timeline",
+            "for example --html drill.html",
+        )
     summary = drill.Summary()
     # The drill's own journal for --notify's outbox and --cloud's instances; never the daemon's.
+    # --html composes the messages there too (without sending them) to show them.
     scratch = (
         tempfile.TemporaryDirectory(prefix="gpuwarden-drill-")
-        if args.notify or args.cloud
+        if args.notify or args.cloud or args.html
         else None
     )
     journal = Path(scratch.name) / "journal.db" if scratch else None
+    readings = None
+    records: list[dict[str, Any]] = []
+    if args.html:
+        from gpuwarden.report.from_drill import Readings
+
+        readings = Readings()
     try:
         for record in drill.run(
             spec,
@@ -170,15 +188,21 @@ def cmd_drill(args: argparse.Namespace) -> int:
             options=options,
             tick=args.tick,
             summary=summary,
-            notify=journal if args.notify else None,
+            notify=journal if args.notify or args.html else None,
             cloud=journal if args.cloud else None,
+            deliver=bool(args.notify),
+            observe=readings,
         ):
+            if readings is not None:
+                records.append(record)
             if args.json:
                 print(json.dumps(record), flush=False)
             else:
                 print(drill.render_record(record))
         if not args.json:
             print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+        if readings is not None and journal is not None:
+            _drill_report(args, playbooks, summary, records, readings, journal)
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -202,6 +226,42 @@ def _drill_spec(text: str) -> SourceSpec:
         raise UsageError(f"no such scenario file: {path}", "shipped scenarios are in scenarios/")
     scheme = "smi-csv" if path.lower().endswith(".csv") else "scenario"
     return SourceSpec(scheme, text) if whole else parse_spec(f"{scheme}:{text}")
+
+
+def _drill_report(
+    args: argparse.Namespace,
+    playbooks: Any,
+    summary: Any,
+    records: list[dict[str, Any]],
+    readings: Any,
+    journal: Path,
+) -> None:
+    import time
+
+    from gpuwarden import __version__
+    from gpuwarden.cli.common import scratch_messages
+    from gpuwarden.cli.report import said, write_html
+    from gpuwarden.report import from_drill, page
+
+    messages = scratch_messages(journal)
+    report = from_drill.build(
+        records,
+        readings,
+        playbooks,
+        scenario=f"{summary.scenario} ({args.scenario})",
+        description=summary.description,
+        start=summary.start,
+        duration=summary.simulated_s,
+        messages=messages,
+        delivered=bool(args.notify),
+        now=time.time(),
+        version=__version__,
+        ticks=summary.ticks,
+    )
+    text = page.render(report)
+    written = write_html(text, args.html)
+    if written is not None:
+        print(said(written, text), file=sys.stderr if args.json else sys.stdout)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

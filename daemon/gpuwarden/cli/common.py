@@ -29,7 +29,7 @@ from gpuwarden.units import parse_duration
 if TYPE_CHECKING:
     from gpuwarden.cloud.store import InstanceStore
     from gpuwarden.journal.journal import Journal
-    from gpuwarden.notify.outbox import Outbox
+    from gpuwarden.notify.outbox import Outbox, OutboxRow
 
 
 def duration(text: str) -> float:
@@ -100,6 +100,17 @@ def outbox(
 
     with Outbox(journal_path(args, cfg), access=_access(write)) as opened:
         yield opened
+
+
+def scratch_messages(path: Path) -> list[OutboxRow]:
+    """Every message in the outbox of a drill's own scratch journal (never the daemon's), read
+    only; none when the drill wrote no journal."""
+    from gpuwarden.notify.outbox import Outbox
+
+    if not path.exists():
+        return []
+    with Outbox.open_readonly(path) as opened:
+        return opened.rows()
 
 
 @contextlib.contextmanager

@@ -80,7 +80,7 @@ def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
     from gpuwarden.journal import view as journal_view
 
     with journal(args, cfg) as reading:
-        incident = _journal_target(reading, args.id)
+        incident = journal_target(reading, args.id)
         timeline = reading.timeline(incident.id)
     with instances(args, cfg) as store:  # the cloud instances it launched
         launched: list[Managed] = store.for_incident(incident.id)
@@ -106,7 +106,7 @@ def cmd_reset_breaker(args: argparse.Namespace, cfg: config.Config) -> int:
     return ExitCode.OK
 
 
-def _journal_target(journal: Any, text: str) -> Any:
+def journal_target(journal: Any, text: str) -> Any:
     if text == "last":
         rows = journal.incidents()
         if not rows:
@@ -117,7 +117,7 @@ def _journal_target(journal: Any, text: str) -> Any:
 
 def cmd_ack(args: argparse.Namespace, cfg: config.Config) -> int:
     with journal(args, cfg, write=True) as writing:
-        incident = _journal_target(writing, args.id)
+        incident = journal_target(writing, args.id)
         writing.ack(incident.id, time.time())
     print(f"acknowledged {incident.id}: no more reminders about it")
     return ExitCode.OK

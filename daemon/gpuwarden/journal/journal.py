@@ -52,6 +52,17 @@ from gpuwarden.journal.rows import (
     read_timeline,
     read_undos,
 )
+from gpuwarden.journal.samples import (
+    GpuSample,
+    ProcFacts,
+    RuleFacts,
+    SampleBatch,
+    read_procs,
+    read_rule,
+    read_samples,
+    write_batch,
+)
+from gpuwarden.journal.samples import prune as prune_samples
 from gpuwarden.journal.schema import (
     MIGRATIONS,
     Access,
@@ -66,12 +77,16 @@ from gpuwarden.model import Intent, Outcome, RuleChange
 __all__ = [
     "FILENAME",
     "BreakerState",
+    "GpuSample",
     "IncidentFacts",
     "IncidentRow",
     "IntentRow",
     "Journal",
     "JournalError",
     "OpenIncident",
+    "ProcFacts",
+    "RuleFacts",
+    "SampleBatch",
     "TimelineRow",
     "UndoRow",
 ]
@@ -189,6 +204,13 @@ class Journal:
                 raise JournalError(f"{self.path}: no intent {intent_id!r} to finish") from None
             except ValueError as exc:
                 raise JournalError(f"{self.path}: intent {intent_id!r} is already {exc}") from None
+
+    def record_samples(self, batch: SampleBatch) -> None:
+        """Readings around incidents, for reports (``journal.samples``): one transaction."""
+        if not batch:
+            return
+        with self._tx() as conn:
+            write_batch(conn, batch)
 
     # -- restart ----------------------------------------------------------------------------
 
@@ -341,6 +363,20 @@ class Journal:
         with self._tx(write=False) as conn:
             return read_timeline(conn, incident_id)
 
+    def samples(
+        self, start: float, end: float, gpu: int | None = None
+    ) -> tuple[list[GpuSample], list[ProcFacts]]:
+        """The readings kept between ``start`` and ``end`` (of one GPU, or all), oldest
+        first, and who the processes in them were (latest first)."""
+        with self._tx(write=False) as conn:
+            return read_samples(conn, start, end, gpu), read_procs(conn, end)
+
+    def rule_facts(self, incident_id: str) -> RuleFacts | None:
+        """The incident's rule (``when``, ``until``, ``for``) as it stood when it opened;
+        None for an incident recorded before journals kept it."""
+        with self._tx(write=False) as conn:
+            return read_rule(conn, incident_id)
+
     # -- upkeep -----------------------------------------------------------------------------
 
     def ack(self, incident_id: str, now: float) -> bool:
@@ -358,7 +394,7 @@ class Journal:
 
     def prune(self, before: float) -> int:
         """Forget incidents resolved before ``before`` (their records, intents and undos),
-        records outside incidents, actions and reset breaker trips older than that. An
+        records outside incidents, samples, actions and reset breaker trips older than that. An
         incident with an undo not yet done is kept. Returns how many incidents went."""
         with self._tx() as conn:
             gone = [
@@ -375,6 +411,7 @@ class Journal:
                 conn.execute("DELETE FROM undos WHERE incident = ?", (incident,))
                 conn.execute("DELETE FROM incidents WHERE id = ?", (incident,))
             conn.execute("DELETE FROM records WHERE incident IS NULL AND time < ?", (before,))
+            prune_samples(conn, before, gone)
             conn.execute("DELETE FROM actions WHERE time < ?", (before,))
             conn.execute("DELETE FROM breaker WHERE reset_at < ?", (before,))
             return len(gone)

@@ -219,10 +219,47 @@ _V3 = ddl(
     "CREATE INDEX instances_incident ON instances (incident, step)",
 )
 
+_V4 = ddl(
+    """CREATE TABLE samples (
+        time REAL NOT NULL,
+        gpu INTEGER NOT NULL,
+        used_mib INTEGER,           -- NULL: unknown (as in the snapshot)
+        total_mib INTEGER,
+        temperature_c INTEGER,
+        power_w REAL,
+        power_limit_w REAL,
+        utilization_pct INTEGER,
+        memory_utilization_pct INTEGER,
+        lost INTEGER NOT NULL DEFAULT 0,
+        procs TEXT NOT NULL DEFAULT '[]',  -- JSON [[pid, GPU memory MiB or null], ...]
+        UNIQUE (gpu, time)
+    )""",
+    "CREATE INDEX samples_time ON samples (time)",
+    """CREATE TABLE sample_procs (
+        gpu INTEGER NOT NULL,
+        pid INTEGER NOT NULL,
+        create_time REAL,
+        user TEXT,
+        priority TEXT NOT NULL,
+        command TEXT NOT NULL,      -- redacted, cut
+        seen_at REAL NOT NULL
+    )""",
+    "CREATE INDEX sample_procs_seen ON sample_procs (seen_at)",
+    """CREATE TABLE incident_rules (
+        incident TEXT PRIMARY KEY,
+        rule TEXT NOT NULL,
+        when_text TEXT NOT NULL,
+        until_text TEXT,
+        for_s REAL NOT NULL,
+        description TEXT
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "incidents, records, intents, undos, actions, breaker", _V1),
     Migration(2, "the notification outbox", _V2),
     Migration(3, "cloud instances gpuwarden launched or adopted", _V3),
+    Migration(4, "GPU samples around incidents and the rules they fired on, for reports", _V4),
 )
 
 
