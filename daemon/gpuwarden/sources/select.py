@@ -71,9 +71,10 @@ def open_source(spec: SourceSpec, config: Config) -> Source:
     """Open the source ``spec`` names. A replay source keeps its recording's own start time;
     the caller positions it (see ``ReplaySource``)."""
     from gpuwarden.sources.procs import Attributor
+    from gpuwarden.sources.slurm import SlurmJobs
 
     host = config.host or socket.gethostname()
-    attributor = Attributor(config.priorities)
+    attributor = Attributor(config.priorities, slurm=SlurmJobs.detect())
     if spec.scheme == "nvml":
         from gpuwarden.sources.nvml import NvmlSource
 
