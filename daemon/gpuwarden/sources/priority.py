@@ -53,13 +53,36 @@ class Trust(enum.IntEnum):
 SLURM_FACTS: Final = {"SLURM_JOB_PARTITION": "slurm_partition", "SLURM_JOB_QOS": "slurm_qos"}
 
 
-def env_trust(key: str) -> str:
-    """How an ``env`` condition on ``key`` counts, in words (for ``gpuwarden check``)."""
-    if key in SLURM_FACTS:
-        return "places when Slurm reports it, else only lowers"
-    if key.startswith("SLURM_"):
-        return "only lowers (Slurm does not vouch for it)"
-    return "up to declared_max"
+def rule_conditions(rule: MatchRule) -> str:
+    """A rule's conditions in words: ``group ml-prod and cmdline 'train'``."""
+    parts = []
+    if rule.user:
+        parts.append("user " + ", ".join(rule.user))
+    if rule.group:
+        parts.append("group " + ", ".join(rule.group))
+    for key in ("exe", "unit", "cgroup", "cmdline"):
+        value = getattr(rule, key)
+        if value is not None:
+            parts.append(f"{key} '{value}'")
+    parts += [f"env {key}={value}" for key, value in rule.env.items()]
+    return " and ".join(parts)
+
+
+def rule_reach(rule: MatchRule, declared_max: str) -> str:
+    """What a match of ``rule`` may do to a class, in words (``gpuwarden check``): "can
+    raise", "can raise, to declared_max at most", or "only lowers", with the cases in which a
+    raising rule only lowers."""
+    unconfirmed = [k for k in rule.env if k.startswith("SLURM_") and k not in SLURM_FACTS]
+    if rule.cmdline is not None or unconfirmed:
+        return "only lowers"
+    declared = any(not key.startswith("SLURM_") for key in rule.env)
+    reach = f"can raise, to {declared_max} at most" if declared else "can raise"
+    cases = []
+    if rule.unit is not None or rule.cgroup is not None:
+        cases.append("a cgroup its owner made only lowers")
+    if any(key in SLURM_FACTS for key in rule.env):
+        cases.append("a partition or QOS Slurm does not report only lowers")
+    return reach + (f" ({'; '.join(cases)})" if cases else "")
 
 
 class _CompiledRule:
