@@ -179,23 +179,24 @@ class PriorityResolver:
         self._declared_max = priorities.declared_max
 
     def resolve(self, info: ProcessInfo) -> str:
-        matched = [
-            (name, trust)
-            for name, rules in self._classes
-            for rule in rules
-            if (trust := rule.match(info)) is not None
-        ]
-        fallback = self._declared(info)
-        baseline = next(
-            (self._granted(name, trust) for name, trust in matched if trust > Trust.LOWERS),
-            fallback,
-        )
-        for name, trust in matched:
-            if trust > Trust.LOWERS:
-                return self._granted(name, trust)
-            if self._rank[name] <= self._rank[baseline]:
-                return name
-        return fallback
+        lowering: list[str] = []  # classes of matching rules that only lower, in rule order
+        baseline: str | None = None
+        for name, rules in self._classes:
+            for rule in rules:
+                trust = rule.match(info)
+                if trust is None:
+                    continue
+                if trust == Trust.LOWERS:
+                    lowering.append(name)
+                    continue
+                baseline = self._granted(name, trust)
+                break
+            if baseline is not None:
+                break  # rules of lower classes can no longer come first
+        if baseline is None:
+            baseline = self._declared(info)
+        rank = self._rank[baseline]
+        return next((name for name in lowering if self._rank[name] <= rank), baseline)
 
     def _granted(self, name: str, trust: Trust) -> str:
         if trust == Trust.DECLARES and self._rank[name] > self._rank[self._declared_max]:
