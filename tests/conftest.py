@@ -1,5 +1,6 @@
-"""Shared test configuration: the ``gpu`` marker runs only where NVML really initializes; the
-report tests share one real incident (``run_report``)."""
+"""Shared test configuration: the ``gpu`` marker runs only where NVML really initializes;
+real unprivileged users (``local_users``, ``system_users``) for the tests that play an
+attacker; the report tests share one real incident (``run_report``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.local_users import LocalUsers
+from tests.system_users import SystemUser, created_users, unavailable
 
 
 @functools.cache
@@ -173,3 +175,14 @@ def drill_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, DrillRe
         )
         for playbook, scenario in PAIRS.items()
     }
+
+
+@pytest.fixture(scope="session")
+def system_users() -> Iterator[dict[str, SystemUser]]:
+    """Two real unprivileged users for the whole session: ``mallory`` (who tries to promote
+    her own jobs) and ``bob`` (another user). Removed at the end; skipped without root."""
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    with created_users("mallory", "bob") as users:
+        yield users

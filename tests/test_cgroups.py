@@ -3,11 +3,12 @@ the single-line variants that matter."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gpuwarden.sources.cgroups import CgroupFacts, parse_cgroup
+from gpuwarden.sources.cgroups import CgroupFacts, delegated_path, parse_cgroup
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 
@@ -84,7 +85,43 @@ def test_every_fixture_has_a_case() -> None:
 @pytest.mark.parametrize(("name", "expected"), sorted(FILE_CASES.items()), ids=sorted(FILE_CASES))
 def test_fixture_files(name: str, expected: CgroupFacts) -> None:
     text = (FIXTURES / name).read_bytes().decode("utf-8", errors="replace")
-    assert parse_cgroup(text) == expected
+    assert _located_facts(parse_cgroup(text)) == expected
+
+
+def _located_facts(facts: CgroupFacts) -> CgroupFacts:
+    """What the cases compare: the facts but where the path lies (tested on its own below)."""
+    return replace(facts, hierarchy=None, delegated=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "hierarchy", "delegated"),
+    [
+        ("systemd-service.txt", "", False),
+        ("user-session.txt", "", False),  # a session scope is root's: its user cannot write it
+        ("user-service.txt", "", True),  # under user@1000.service: the user's own making
+        ("docker-v1.txt", "name=systemd", False),  # systemd's v1 line names the container
+        ("slurm-v1.txt", "devices", False),  # the first v1 line naming the job
+        ("garbage.txt", None, False),
+    ],
+)
+def test_where_the_path_lies(name: str, hierarchy: str | None, delegated: bool) -> None:
+    facts = parse_cgroup((FIXTURES / name).read_text(encoding="utf-8", errors="replace"))
+    assert (facts.hierarchy, facts.delegated) == (hierarchy, delegated)
+
+
+@pytest.mark.parametrize(
+    ("path", "delegated"),
+    [
+        ("/user.slice/user-1000.slice/user@1000.service/app.slice/triton.service", True),
+        ("/user.slice/user-1000.slice/user@1000.service", True),
+        ("/system.slice/triton.service", False),
+        ("/system.slice/user@.service.d", False),  # not a unit name: no .service at the end
+        ("/../../system.slice/triton.service", True),  # outside our cgroup namespace
+        ("/", False),
+    ],
+)
+def test_delegated_path(path: str, delegated: bool) -> None:
+    assert delegated_path(path) is delegated
 
 
 def test_v1_fixtures_have_many_lines() -> None:
@@ -203,7 +240,7 @@ LINE_CASES: list[tuple[str, str, CgroupFacts]] = [
     ("text", "expected"), [(t, e) for _, t, e in LINE_CASES], ids=[n for n, _, _ in LINE_CASES]
 )
 def test_line_variants(text: str, expected: CgroupFacts) -> None:
-    assert parse_cgroup(text) == expected
+    assert _located_facts(parse_cgroup(text)) == expected
 
 
 def test_this_process_parses_without_error() -> None:

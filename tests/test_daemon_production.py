@@ -1,8 +1,10 @@
 """The daemon as systemd runs it: readiness and reloads over a real notify socket, playbook
-edits picked up while it runs, a broken edit refused, and both visible in the metrics."""
+edits picked up while it runs, a broken edit refused, and both visible in the metrics; and a
+flood of idle connections to the metrics port, under a task limit like the unit's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -110,3 +112,105 @@ def test_reload_readiness_and_metrics_while_running(tmp_path: Path) -> None:
     assert "reload: ok (changed: gpu-memory-pressure)" in err
     assert b"STOPPING=1" in rest
     assert "Traceback" not in err
+
+
+TASKS_MAX = 64  # well under the 330 connections, as the unit's TasksMax=256 is
+
+
+def _tasks_limit() -> Path | None:
+    """A pids cgroup limited to TASKS_MAX tasks (what systemd's TasksMax= sets), or None where
+    none can be made; the caller removes it."""
+    for mount in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
+        if (mount / "cgroup.procs").exists() and (
+            mount.name == "pids" or "pids" in (mount / "cgroup.subtree_control").read_text()
+        ):
+            limit = mount / f"gwt{os.getpid()}-tasks"
+            try:
+                limit.mkdir()
+                (limit / "pids.max").write_text(f"{TASKS_MAX}\n")
+            except OSError:
+                with contextlib.suppress(OSError):
+                    limit.rmdir()
+                return None
+            return limit
+    return None
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads: line")
+
+
+def _last_tick(text: str) -> float:
+    for line in text.splitlines():
+        if line.startswith("gpuwarden_last_tick_timestamp_seconds "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_330_idle_connections_leave_the_daemon_ticking_and_serving(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = tmp_path / "gpuwarden.yaml"
+    cfg.write_text(
+        (ROOT / "config" / "demo.yaml").read_text().replace("tick: 2s", "tick: 200ms")
+        + f"\nmetrics: {{listen: '127.0.0.1:{port}'}}\n"
+    )
+    limit = _tasks_limit()
+    # The daemon joins the limited cgroup before it starts (systemd puts it there likewise).
+    join = (
+        "import os, sys\n"
+        "if sys.argv[1]:\n"
+        "    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'gpuwarden', *sys.argv[2:]])\n"
+    )
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            join,
+            str(limit / "cgroup.procs") if limit else "",
+            "run",
+            "--config",
+            str(cfg),
+            "--playbooks",
+            str(ROOT / "playbooks" / "thermal-throttling.yaml"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--source",
+            "scenario:scenarios/thermal-throttling.yaml",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    idle: list[socket.socket] = []
+    try:
+        until(lambda: _last_tick(scrape(port)) > 0, 20)
+        if limit is not None:
+            assert str(process.pid) in (limit / "cgroup.procs").read_text().split()
+        for _ in range(330):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)  # let the daemon accept them all
+        threads = _threads(process.pid)
+        first = _last_tick(scrape(port))
+        assert first > 0, "metrics are not served while 330 connections are open"
+        until(lambda: _last_tick(scrape(port)) > first, 10)  # still ticking
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=30)
+    finally:
+        for connection in idle:
+            connection.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if limit is not None:
+            with contextlib.suppress(OSError):
+                limit.rmdir()
+    assert threads < 32, f"{threads} threads for 330 connections"
+    assert process.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert "can't start new thread" not in err

@@ -1,9 +1,13 @@
-"""The Prometheus endpoint, scraped over real HTTP from a server on a free local port."""
+"""The Prometheus endpoint, scraped over real HTTP from a server on a free local port, and the
+server's bounds: connections, timeouts, request size."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from gpuwarden.metrics import DCGM_GAUGES, TICK_BUCKETS, Metrics, parse_listen
+from gpuwarden.metrics_http import MetricsServer
 from gpuwarden.model import Event, EventKind, GpuState, Memory, Snapshot
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "config" / "grafana-dashboard.json"
@@ -336,3 +341,82 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
         assert panel["datasource"]["uid"] == "${datasource}"
+
+
+# -- the server: one thread, bounded connections, timeouts -------------------------------------
+
+
+def raw(address: tuple[str, int], request: bytes) -> bytes:
+    """One HTTP exchange over a plain socket: everything the server sends until it closes."""
+    with socket.create_connection(address, timeout=10) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """Blocks until the server closes ``s`` (the socket's own timeout bounds the wait)."""
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_connections_beyond_the_bound_make_room_for_a_scrape() -> None:
+    registry = Metrics().registry
+    server = MetricsServer(registry, "127.0.0.1", 0, max_connections=8, read_timeout=60)
+    idle = [socket.create_connection(server.address, timeout=10) for _ in range(40)]
+    try:
+        threads = threading.active_count()
+        answer = raw(server.address, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"gpuwarden_open_incidents 0.0" in answer
+        assert server.connections <= 8
+        assert server.refused >= 40 - 8 + 1  # the oldest idle ones were closed
+        assert closed_by_server(idle[0])  # the oldest went first
+        assert threading.active_count() == threads  # no thread per connection
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
+        server.close()
+
+
+def test_a_client_that_never_finishes_its_request_is_closed() -> None:
+    server = MetricsServer(Metrics().registry, "127.0.0.1", 0, read_timeout=0.2)
+    try:
+        with socket.create_connection(server.address, timeout=30) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\nHost:")  # and never the rest
+            assert closed_by_server(slow)
+        with socket.create_connection(server.address, timeout=30) as big:
+            big.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 10000)
+            assert closed_by_server(big)
+    finally:
+        server.close()
+
+
+def test_methods_formats_and_compression() -> None:
+    server = MetricsServer(Metrics().registry, "127.0.0.1", 0)
+    try:
+        head = raw(server.address, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+        status, _, rest = head.partition(b"\r\n")
+        assert status == b"HTTP/1.1 200 OK"
+        assert rest.endswith(b"\r\n\r\n")  # headers only
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+        assert length > 0
+        post = raw(server.address, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        assert post.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
+        openmetrics = raw(
+            server.address,
+            b"GET / HTTP/1.1\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n",
+        )
+        assert b"Content-Type: application/openmetrics-text" in openmetrics
+        assert openmetrics.endswith(b"# EOF\n")
+        zipped = raw(server.address, b"GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\n\r\n")
+        _headers, _, body = zipped.partition(b"\r\n\r\n")
+        assert b"Content-Encoding: gzip" in zipped
+        assert b"gpuwarden_open_incidents" in gzip.decompress(body)
+    finally:
+        server.close()

@@ -5,6 +5,8 @@ Markdown, HTML, links, mentions or terminal escapes into a message."""
 from __future__ import annotations
 
 import datetime
+import html
+import re
 
 import pytest
 
@@ -89,12 +91,47 @@ def test_markdown_escaping(raw: str, markdown: str) -> None:
     assert escape(raw, "markdown") == markdown
 
 
-@pytest.mark.parametrize("mention", ["@here", "@channel", "@everyone", "<!here>", "<!channel>"])
-def test_mentions_are_neutralised(mention: str) -> None:
-    for body_format in ("markdown", "html"):
-        out = escape(f"python {mention} run", body_format)
-        assert mention not in out
-        assert "\u2060" in out
+MENTIONS = [
+    "@here",
+    "@channel",
+    "@everyone",
+    "<!here>",
+    "<!channel>",
+    "<!everyone>",
+    "<@U024BE7LH>",  # Slack user
+    "<#C024BE7LR>",  # Slack channel
+    "<@80351110224678912>",  # Discord user
+    "<@!80351110224678912>",  # Discord nickname form
+    "<@&41771983423143936>",  # Discord role
+    "!here",
+]
+
+
+@pytest.mark.parametrize("body_format", ["text", "markdown", "html"])
+@pytest.mark.parametrize("mention", MENTIONS)
+@pytest.mark.parametrize("around", ["python {} run", "a{}", "{}", "x{}y", "--tag={}"])
+def test_mentions_are_neutralised_in_every_format_at_any_position(
+    mention: str, around: str, body_format: BodyFormat
+) -> None:
+    out = escape(around.format(mention), body_format)
+    seen = html.unescape(out).replace("\\", "")  # what a chat client parses
+    assert not re.search(r"<[@!#]|@\w|(?<![\w.])!\w", seen), out
+    assert seen.replace("\u2060", "") == around.format(mention)  # and what people read
+
+
+def test_the_mention_guard_holds_in_titles_and_bodies_of_every_format() -> None:
+    for body_format in ("text", "markdown", "html"):
+        message = compose(
+            kill_notice("python a@everyone <!channel> <@&41771983423143936>"),
+            "oncall",
+            host="gpu-node-07",
+            tz=UTC,
+            body_format=body_format,
+        )
+        for text in (message.title, message.body):
+            seen = html.unescape(text).replace("\\", "")
+            assert not re.search(r"<[@!#]|@\w", seen), text
+        assert "python a@\u2060everyone" in html.unescape(message.body).replace("\\", "")
 
 
 def test_html_escaping() -> None:
@@ -185,7 +222,7 @@ def test_an_evil_command_line_cannot_inject(body_format: BodyFormat) -> None:
     body = message.body
     assert "\x1b" not in body
     assert len(body) < 1500  # 10 KB of command line was truncated
-    assert "@here" not in body or body_format == "text"
+    assert "@here" not in body
     if body_format == "markdown":
         assert "[click](" not in body
         assert "**bold**" not in body

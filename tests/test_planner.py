@@ -87,7 +87,12 @@ SKIPS: list[tuple[str, str, dict[str, Any], Reason | None]] = [
     ("root-owned", "kill: {}", {"uid": 0, "user": "svc"}, Reason.PROTECTED),
     ("the init process", "kill: {}", {"pid": 1}, Reason.PROTECTED),
     ("kthreadd", "kill: {}", {"pid": 2}, Reason.PROTECTED),
-    ("a protected name", "kill: {}", {"name": "nvidia-persistenced"}, Reason.PROTECTED),
+    (
+        "a renamed process is not protected",
+        "kill: {}",
+        {"name": "sshd", "cmdline": ("sshd",)},
+        None,
+    ),
     ("zombie", "kill: {}", {"status": "zombie"}, Reason.ZOMBIE),
     ("already targeted", "kill: {}", {"pid": 77}, Reason.ALREADY_TARGETED),
     ("a reused pid is not the targeted one", "kill: {}", {"pid": 77, "created": T0 - 5}, None),
@@ -338,13 +343,17 @@ def test_a_gpu_rule_chooses_among_the_processes_on_its_gpu(tmp_path: Path) -> No
 
 
 def test_protection_through_the_engine(tmp_path: Path) -> None:
-    cfg = config(protected=Protected(users=("carol",), pids=(15,), priorities=("critical",)))
+    cfg = config(
+        protected=Protected(
+            users=("carol",), exes=("/usr/lib/xorg/Xorg",), pids=(15,), priorities=("critical",)
+        )
+    )
     engine = engine_with(tmp_path, "- kill: {}", cfg=cfg, self_pid=14)
     candidates = [
         proc(2),
         proc(11, uid=0, user="root"),
         proc(12, user="carol", uid=1002),
-        proc(13, name="Xorg"),
+        proc(13, exe="/usr/lib/xorg/Xorg"),
         proc(14),
         proc(15),
         proc(16, priority="critical"),

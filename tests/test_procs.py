@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +60,15 @@ ALICE_TRAIN = ProcessInfo(
     user="alice",
     groups=("alice", "ml"),
     cmdline=("python", "/home/alice/train.py", "--lr", "0.1"),
+    exe="/usr/bin/python3.11",
     cgroup="/system.slice/slurmstepd.scope/job_7/step_0/user/task_0",
+    cgroup_trusted=True,
     systemd_unit="slurmstepd.scope",
-    env={"TEAM": "vision", "SLURM_JOB_ID": "7"},
+    env={"TEAM": "vision", "SLURM_JOB_ID": "7", "SLURM_JOB_PARTITION": "prod"},
 )
+# The same job, had its owner made the cgroup under their own user manager.
+ALICE_OWN_CGROUP = replace(ALICE_TRAIN, cgroup_trusted=False)
+ALICE_IN_SLURM = replace(ALICE_TRAIN, slurm_partition="debug", slurm_qos="normal")
 UNKNOWN = ProcessInfo(pid=101)
 
 RESOLVE_CASES: list[tuple[str, Priorities, ProcessInfo, str]] = [
@@ -73,8 +78,44 @@ RESOLVE_CASES: list[tuple[str, Priorities, ProcessInfo, str]] = [
         "first class wins over a later one",
         classes(
             ("low", (rule(user=("alice",)),)),
-            ("high", (rule(cmdline="train"),)),
+            ("high", (rule(group=("ml",)),)),
         ),
+        ALICE_TRAIN,
+        "high",
+    ),
+    (
+        "a command line never raises",
+        classes(("high", (rule(cmdline="train"),))),
+        ALICE_TRAIN,
+        "normal",
+    ),
+    (
+        "a command line cannot raise above a placing rule",
+        classes(("low", (rule(user=("alice",)),)), ("high", (rule(cmdline="train"),))),
+        ALICE_TRAIN,
+        "low",
+    ),
+    (
+        "a command line lowers a declared class",
+        classes(("low", (rule(cmdline="train"),))),
+        replace(ALICE_TRAIN, declared_priority="high"),
+        "low",
+    ),
+    (
+        "a placing rule of a higher class comes first",
+        classes(("high", (rule(group=("ml",)),)), ("low", (rule(cmdline="train"),))),
+        ALICE_TRAIN,
+        "high",
+    ),
+    (
+        "exe must match whole",
+        classes(("high", (rule(exe="/usr/bin/python"),))),
+        ALICE_TRAIN,
+        "normal",
+    ),
+    (
+        "exe places",
+        classes(("high", (rule(exe=r"/usr/bin/python3\.\d+"),))),
         ALICE_TRAIN,
         "high",
     ),
@@ -108,9 +149,15 @@ RESOLVE_CASES: list[tuple[str, Priorities, ProcessInfo, str]] = [
     ),
     (
         "all conditions hold",
-        classes(("critical", (rule(user=("alice",), cmdline="train", group=("ml",)),))),
+        classes(("critical", (rule(user=("alice",), unit=r".*\.scope", group=("ml",)),))),
         ALICE_TRAIN,
         "critical",
+    ),
+    (
+        "a rule is as weak as its weakest condition",
+        classes(("critical", (rule(user=("alice",), cmdline="train", group=("ml",)),))),
+        ALICE_TRAIN,
+        "normal",
     ),
     ("cgroup searched", classes(("low", (rule(cgroup=r"job_\d+"),))), ALICE_TRAIN, "low"),
     (
@@ -125,7 +172,73 @@ RESOLVE_CASES: list[tuple[str, Priorities, ProcessInfo, str]] = [
         ALICE_TRAIN,
         "high",
     ),
+    (
+        "a unit in a cgroup its owner made never raises",
+        classes(("high", (rule(unit=r"slurm.*\.scope"),))),
+        ALICE_OWN_CGROUP,
+        "normal",
+    ),
+    (
+        "a cgroup its owner made never raises",
+        classes(("critical", (rule(cgroup="job_7"),))),
+        ALICE_OWN_CGROUP,
+        "normal",
+    ),
+    (
+        "a cgroup its owner made may lower",
+        classes(("scavenger", (rule(cgroup="job_7"),))),
+        ALICE_OWN_CGROUP,
+        "scavenger",
+    ),
     ("env equal", classes(("high", (rule(env={"TEAM": "vision"}),))), ALICE_TRAIN, "high"),
+    (
+        "env is capped at declared_max",
+        classes(("critical", (rule(env={"TEAM": "vision"}),))),
+        ALICE_TRAIN,
+        "high",
+    ),
+    (
+        "env with a lower declared_max",
+        classes(("high", (rule(env={"TEAM": "vision"}),)), declared_max="normal"),
+        ALICE_TRAIN,
+        "normal",
+    ),
+    (
+        "a partition Slurm did not confirm never raises",
+        classes(("high", (rule(env={"SLURM_JOB_PARTITION": "prod"}),))),
+        ALICE_TRAIN,
+        "normal",
+    ),
+    (
+        "a partition Slurm did not confirm may lower",
+        classes(("low", (rule(env={"SLURM_JOB_PARTITION": "prod"}),))),
+        ALICE_TRAIN,
+        "low",
+    ),
+    (
+        "Slurm's partition, not the environment's",
+        classes(("high", (rule(env={"SLURM_JOB_PARTITION": "prod"}),))),
+        ALICE_IN_SLURM,
+        "normal",
+    ),
+    (
+        "Slurm's partition places",
+        classes(("critical", (rule(env={"SLURM_JOB_PARTITION": "debug"}),))),
+        ALICE_IN_SLURM,
+        "critical",
+    ),
+    (
+        "Slurm's QOS places",
+        classes(("critical", (rule(env={"SLURM_JOB_QOS": "normal"}),))),
+        ALICE_IN_SLURM,
+        "critical",
+    ),
+    (
+        "other Slurm variables only lower",
+        classes(("high", (rule(env={"SLURM_JOB_ID": "7"}),))),
+        ALICE_IN_SLURM,
+        "normal",
+    ),
     (
         "env needs every key",
         classes(("high", (rule(env={"TEAM": "vision", "TIER": "prod"}),))),
@@ -188,7 +301,9 @@ def test_custom_class_names() -> None:
         declared_max="research",
     )
     resolver = PriorityResolver(priorities)
-    assert resolver.resolve(ProcessInfo(pid=1, systemd_unit="inference-a.service")) == "prod"
+    inference = ProcessInfo(pid=1, systemd_unit="inference-a.service", cgroup_trusted=True)
+    assert resolver.resolve(inference) == "prod"
+    assert resolver.resolve(replace(inference, cgroup_trusted=False)) == "research"
     assert resolver.resolve(ProcessInfo(pid=1, declared_priority="prod")) == "research"
     assert resolver.resolve(ProcessInfo(pid=1, declared_priority="batch")) == "batch"
     assert resolver.resolve(ProcessInfo(pid=1, declared_priority="normal")) == "research"
@@ -476,6 +591,22 @@ def _fake_proc(tmp_path: Path, pid: int, cgroup_fixture: str) -> Path:
     return root
 
 
+def _cgroup_tree(tmp_path: Path, cgroup_fixture: str, owner: int = 0) -> Path:
+    """A cgroup root in which every cgroup a fixture names exists, owned by ``owner`` (this
+    test's own uid stands in for root when the tests do not run as root)."""
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cgroup.controllers").touch()  # the unified hierarchy is mounted here (v2)
+    for line in (FIXTURES / cgroup_fixture).read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        mount = root if controllers == "" else root / controllers.removeprefix("name=")
+        (mount / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    if owner != os.geteuid():
+        for directory in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+            os.chown(directory, owner, -1)
+    return root
+
+
 @pytest.mark.parametrize(
     ("fixture", "match_rule", "expected"),
     [
@@ -508,9 +639,12 @@ def test_cgroup_facts_reach_the_process(
         spawn(sleeper_argv(marker()), job_env(SLURM_JOB_ID="4242"), stdout=subprocess.PIPE)
     )
     root = _fake_proc(tmp_path, child.pid, fixture)
-    attributor = Attributor(classes(("critical", (match_rule,))), proc_root=root)
+    cgroups = _cgroup_tree(tmp_path, fixture)
+    priorities = classes(("critical", (match_rule,)))
+    attributor = Attributor(priorities, proc_root=root, cgroup_root=cgroups)
     info = attributor.describe([child.pid], 0.0)[child.pid]
-    assert info.priority == "critical"
+    assert info.cgroup_trusted is IS_ROOT  # root-owned all the way down
+    assert info.priority == ("critical" if IS_ROOT else "low")  # else the declared class
     assert {k: getattr(info, k) for k in expected} == expected
 
 
@@ -567,7 +701,9 @@ def test_access_denied_degrades_to_what_is_readable(spawn: Spawn) -> None:
     if IS_ROOT:
         target = _ready(spawn(sleeper_argv(mark), job_env(), stdout=subprocess.PIPE))
         got = _describe_as_nobody(target.pid)
-        assert got["access_denied"] == ["environ"]
+        # Another user's environment and executable need ptrace access to the process.
+        assert got["access_denied"] == ["exe", "environ"]
+        assert got["exe"] is None
         assert got["user"] == "root"
         assert got["cmdline"] == [*sleeper_argv(mark)]
         assert got["status"] in {"running", "sleeping"}
@@ -859,9 +995,9 @@ def test_a_known_process_that_exits_is_a_zombie(spawn: Spawn) -> None:
         stdout=subprocess.PIPE,
     )
     _ready(child)
-    attributor = Attributor(classes(("high", (rule(cmdline=mark),))))
+    attributor = Attributor(classes(("scavenger", (rule(cmdline=mark),))))
     alive = attributor.describe([child.pid], 0.0)[child.pid]
-    assert alive.priority == "high"
+    assert alive.priority == "scavenger"
     assert alive.cmdline is not None
 
     _send_line(child)

@@ -12,7 +12,7 @@ from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.model import ProcessInfo
 
 # Nothing protected beyond what always is.
-BARE = Protected(root=False, users=(), names=())
+BARE = Protected(root=False, users=())
 
 
 def info(pid: int = 4242, **fields: Any) -> ProcessInfo:
@@ -40,41 +40,47 @@ CASES: list[tuple[str, Protected, ProcessInfo, str | None]] = [
     ("a listed user", Protected(users=("bob",)), info(user="bob"), "user bob is protected"),
     ("a user not listed", Protected(users=("bob",)), info(user="bobby"), None),
     (
-        "a protected name",
-        Protected(),
-        info(name="nvidia-persistenced", cmdline=None),
-        "nvidia-persistenced is a protected process name",
+        "a listed group",
+        Protected(groups=("inference",)),
+        info(groups=("alice", "inference")),
+        "group inference is protected",
+    ),
+    ("a group not listed", Protected(groups=("inference",)), info(groups=("alice",)), None),
+    (
+        "an executable by its whole real path",
+        Protected(exes=(r"/usr/bin/nvidia-persistenced",)),
+        info(exe="/usr/bin/nvidia-persistenced"),
+        "executable /usr/bin/nvidia-persistenced matches protected pattern "
+        "'/usr/bin/nvidia-persistenced'",
     ),
     (
-        "a protected program by its command's base name",
-        Protected(),
-        info(name="X", cmdline=("/usr/lib/xorg/Xorg", ":0")),
-        "Xorg is a protected process name",
-    ),
-    ("names match whole", Protected(), info(name="sshd-helper", cmdline=("sshd-helper",)), None),
-    ("names are case-sensitive", Protected(), info(name="xorg", cmdline=("xorg",)), None),
-    (
-        "a command-line pattern anywhere in the command",
-        Protected(cmdline=(r"--role=(ps|chief)\b",)),
-        info(cmdline=("python3", "worker.py", "--role=chief")),
-        "command line matches protected pattern '--role=(ps|chief)\\\\b'",
-    ),
-    (
-        "a command-line pattern that does not match",
-        Protected(cmdline=(r"--role=(ps|chief)\b",)),
-        info(cmdline=("python3", "worker.py", "--role=chiefly")),
+        "an executable pattern does not match a part",
+        Protected(exes=(r"/usr/bin/nvidia-persistenced",)),
+        info(exe="/home/alice/usr/bin/nvidia-persistenced"),
         None,
     ),
     (
-        "a unit pattern matches the whole unit",
+        "a name never protects (exec -a sshd)",
+        Protected(),
+        info(name="sshd", cmdline=("sshd", "-D"), exe="/usr/bin/python3.11"),
+        None,
+    ),
+    (
+        "a unit pattern matches the whole unit of a root-owned cgroup",
         Protected(units=(r"jupyter@.*\.service",)),
-        info(systemd_unit="jupyter@alice.service"),
+        info(systemd_unit="jupyter@alice.service", cgroup_trusted=True),
         "unit jupyter@alice.service matches protected pattern 'jupyter@.*\\\\.service'",
+    ),
+    (
+        "a unit in a cgroup its owner made does not protect",
+        Protected(units=(r"triton\.service",)),
+        info(systemd_unit="triton.service", cgroup_trusted=False),
+        None,
     ),
     (
         "a unit pattern does not match a part",
         Protected(units=(r"jupyter",)),
-        info(systemd_unit="jupyter@alice.service"),
+        info(systemd_unit="jupyter@alice.service", cgroup_trusted=True),
         None,
     ),
     (
@@ -86,7 +92,7 @@ CASES: list[tuple[str, Protected, ProcessInfo, str | None]] = [
     ("an unprotected priority class", Protected(priorities=("critical",)), info(), None),
     (
         "nothing known about the process",
-        Protected(cmdline=("x",), units=("y",)),
+        Protected(exes=("x",), units=("y",), groups=("z",)),
         ProcessInfo(pid=4242),
         None,
     ),
@@ -102,12 +108,20 @@ def test_why_a_process_is_protected(
     assert ProtectedMatcher(protected, self_pid=777).why(process) == why
 
 
-def test_the_defaults_protect_root_and_the_gpu_plumbing() -> None:
+def test_the_defaults_protect_root_and_nothing_a_user_can_name() -> None:
     matcher = ProtectedMatcher(Protected())
-    for name in ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "Xorg", "slurmstepd"):
-        assert matcher.why(info(name=name, cmdline=(f"/usr/bin/{name}",))) is not None, name
     assert matcher.why(info(uid=0, user=None)) is not None
+    for name in ("nvidia-persistenced", "sshd", "Xorg", "slurmstepd"):
+        renamed = info(name=name, cmdline=(f"/usr/bin/{name}",), exe="/usr/bin/python3")
+        assert matcher.why(renamed) is None, name
     assert matcher.why(info()) is None
+
+
+@pytest.mark.parametrize("key", ["names", "cmdline"])
+def test_names_and_command_lines_are_refused_with_what_to_use(key: str) -> None:
+    with pytest.raises(ValueError, match="cannot protect: the process's owner chooses them"):
+        Protected.model_validate({key: ["sshd"]})
+    assert Protected.model_validate({key: []}).root  # an empty list is accepted
 
 
 def test_without_a_self_pid_only_pid_1_and_2_are_protected_by_number() -> None:

@@ -139,6 +139,44 @@ def test_declared_priority_is_capped(tmp_path: Path) -> None:
     assert snap.processes[0].info.priority == "high"
 
 
+@pytest.mark.parametrize(
+    ("job", "unit", "trusted", "priority"),
+    [
+        # A unit alone is the system manager's: a root-owned cgroup.
+        ("unit: triton.service", "triton.service", True, "critical"),
+        ("cgroup: /system.slice/triton.service", "triton.service", True, "critical"),
+        # Under the user's own manager: its owner made it, so it does not raise.
+        (
+            "cgroup: /user.slice/user-1000.slice/user@1000.service/app.slice/triton.service",
+            "triton.service",
+            False,
+            "normal",
+        ),
+    ],
+)
+def test_a_scenario_says_where_a_unit_lies(
+    tmp_path: Path, job: str, unit: str, trusted: bool, priority: str
+) -> None:
+    text = BASIC.replace(
+        "{id: trainer, user: alice, cmdline: python train.py, env: {GPUWARDEN_PRIORITY: high}}",
+        f"{{id: trainer, user: alice, uid: 1000, exe: /usr/bin/python3.11, "
+        f"cmdline: python train.py, {job}}}",
+    )
+    priorities = Priorities.model_validate(
+        {
+            "classes": [
+                {"name": "critical", "match": [{"unit": r"triton\.service"}]},
+                {"name": "normal"},
+            ],
+            "declared_max": "normal",
+        }
+    )
+    with ScenarioSource.open(write(tmp_path, text), priorities=priorities) as source:
+        info = at(source, 0).processes[0].info
+    assert (info.systemd_unit, info.cgroup_trusted, info.priority) == (unit, trusted, priority)
+    assert (info.uid, info.exe) == (1000, "/usr/bin/python3.11")
+
+
 def test_explicit_memory_used_overrides_the_sum(tmp_path: Path) -> None:
     text = BASIC.replace("other_mib: 100,", "other_mib: 100, memory_used_mib: 80000,")
     with ScenarioSource.open(write(tmp_path, text)) as source:

@@ -58,10 +58,16 @@ MAX_PID = 4_194_304  # the kernel's largest pid_max
 
 
 class MatchRule(_Strict):
-    """One way to recognise a process. All given conditions must hold (AND); lists are any-of."""
+    """One way to recognise a process. All given conditions must hold (AND); lists are any-of.
+
+    How far a rule may move a process depends on who can forge its conditions
+    (``gpuwarden.sources.priority``, docs/security.md): ``user``, ``group``, ``exe`` and
+    ``unit``/``cgroup`` on a root-owned cgroup place a process in the class; ``env`` only up to
+    ``declared_max``; ``cmdline`` (and a cgroup the job's owner made) only lowers."""
 
     user: Names = ()
     group: Names = ()
+    exe: Regex | None = None
     cmdline: Regex | None = None
     cgroup: Regex | None = None
     unit: Regex | None = None
@@ -74,9 +80,10 @@ class MatchRule(_Strict):
 
     @model_validator(mode="after")
     def _not_empty(self) -> MatchRule:
-        if not (self.user or self.group or self.cmdline or self.cgroup or self.unit or self.env):
+        given = (self.user, self.group, self.exe, self.cmdline, self.cgroup, self.unit, self.env)
+        if not any(given):
             raise ValueError(
-                "a match rule needs at least one of user, group, cmdline, cgroup, unit, env"
+                "a match rule needs at least one of user, group, exe, cmdline, cgroup, unit, env"
             )
         return self
 
@@ -120,36 +127,40 @@ class Priorities(_Strict):
 
 
 class Protected(_Strict):
-    """Processes no step ever acts on. PID 1 and 2 and gpuwarden itself are always protected."""
+    """Processes no step ever acts on. PID 1 and 2 and gpuwarden itself are always protected.
+
+    Only what a job's owner cannot forge protects (docs/security.md): the uid (``root``,
+    ``users``), the groups, the executable's real path (``exes``), a unit whose cgroup is
+    owned by root outside ``user@UID.service`` (``units``), a priority class, a PID. Process
+    names and command lines are the owner's to choose: ``names`` and ``cmdline`` are refused."""
 
     root: bool = True
     users: Names = ("root",)
-    names: Names = (
-        "nvidia-persistenced",
-        "nv-hostengine",
-        "dcgm-exporter",
-        "dcgmi",
-        "nvidia-smi",
-        "Xorg",
-        "Xwayland",
-        "gnome-shell",
-        "sshd",
-        "systemd",
-        "slurmd",
-        "slurmstepd",
-        "kubelet",
-        "containerd",
-        "dockerd",
-    )
-    cmdline: tuple[Regex, ...] = ()
+    groups: Names = ()
+    exes: tuple[Regex, ...] = ()
     units: tuple[Regex, ...] = ()
     priorities: Names = ()
     pids: tuple[Annotated[int, Field(ge=1, le=MAX_PID)], ...] = ()
+    # No longer protect; accepted only empty, so that an old config says what to change.
+    names: Names = ()
+    cmdline: tuple[Regex, ...] = ()
 
-    @field_validator("users", "names", "priorities", mode="before")
+    @field_validator("users", "groups", "names", "priorities", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         return (value,) if isinstance(value, str) else value
+
+    @field_validator("names", "cmdline")
+    @classmethod
+    def _forgeable(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if value:
+            what = "process names" if info.field_name == "names" else "command lines"
+            raise ValueError(
+                f"{what} cannot protect: the process's owner chooses them (exec -a, "
+                "prctl). Protect by users, groups, exes (the executable's real path, e.g. "
+                "'/usr/bin/nvidia-persistenced') or units instead; see docs/security.md"
+            )
+        return value
 
 
 class Secret(_Strict):

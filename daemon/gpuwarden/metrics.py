@@ -20,12 +20,12 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuwarden.metrics_http import MetricsServer
 from gpuwarden.model import EventKind, GpuState, Snapshot
 
 DEFAULT_PORT: Final = 9400
@@ -168,8 +168,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._latest = _Latest()
         self._last_xid: dict[int, int] = {}
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: MetricsServer | None = None
         if gpu_gauges:
             self.registry.register(_GpuCollector(self))
         self.registry.register(_StateCollector(self))
@@ -283,28 +282,22 @@ class Metrics:
 
     # -- the endpoint -------------------------------------------------------------------------
 
-    def serve(self, listen: str) -> tuple[WSGIServer, threading.Thread]:
-        """Serve ``/metrics`` on ``listen`` (see ``parse_listen``) from a daemon thread."""
+    def serve(self, listen: str) -> MetricsServer:
+        """Serve ``/metrics`` on ``listen`` (see ``parse_listen``) from one daemon thread,
+        with bounded connections and timeouts (``metrics_http``)."""
         if self._server is not None:
             raise RuntimeError("metrics are already served")
         host, port = parse_listen(listen)
-        self._server, self._thread = start_http_server(port, host, registry=self.registry)
-        return self._server, self._thread
+        self._server = MetricsServer(self.registry, host, port)
+        return self._server
 
     @property
     def address(self) -> tuple[str, int] | None:
         """(host, port) actually bound, or ``None`` when not serving."""
-        if self._server is None:
-            return None
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
+        return self._server.address if self._server is not None else None
 
     def close(self) -> None:
         """Stop serving; safe to call twice or when never served."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
+        server, self._server = self._server, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
+            server.close()

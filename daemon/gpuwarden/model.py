@@ -122,11 +122,19 @@ class ProcessInfo:
     Every field but ``pid`` may be ``None`` when it could not be read (the process is gone,
     or reading it was denied). ``orphaned`` means NVML reports the PID but /proc has no such
     process: its memory is held by something gpuwarden cannot see or signal.
+
+    Some facts the process's owner chooses (``name``, ``cmdline``, ``env``, and the cgroup when
+    it lies in a subtree delegated to them); others the kernel enforces (``uid``, ``groups``,
+    ``exe``, a cgroup owned by root). ``cgroup_trusted`` is true only when every directory of
+    the cgroup is owned by root and none is a ``user@UID.service``: only then may
+    ``systemd_unit`` and ``cgroup`` raise a priority or protect. ``slurm_partition`` and
+    ``slurm_qos`` are what Slurm itself reports for the job, never the environment's claim.
     """
 
     pid: int
     name: str | None = None
     cmdline: tuple[str, ...] | None = None
+    exe: str | None = None
     user: str | None = None
     uid: int | None = None
     groups: tuple[str, ...] = ()
@@ -140,6 +148,9 @@ class ProcessInfo:
     slurm_job: str | None = None
     systemd_unit: str | None = None
     cgroup: str | None = None
+    cgroup_trusted: bool = False
+    slurm_partition: str | None = None
+    slurm_qos: str | None = None
     env: dict[str, str] | None = None
     declared_priority: str | None = None
     checkpoint_signal: str | None = None

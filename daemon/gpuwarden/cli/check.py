@@ -101,7 +101,7 @@ def add_schema(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from gpuwarden.cli import inventory
+    from gpuwarden.cli import hardening, inventory
     from gpuwarden.playbook import loader
 
     found = config_path(args.config)
@@ -132,7 +132,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return ExitCode.FAILURE
     source = str(found) if found else "(none: built-in defaults)"
     print(inventory.render(cfg, source, playbooks))
-    warnings = credential_warnings(cfg)
+    warnings = [f"{f.detail} — {f.fix}" for f in hardening.review(cfg, found)]
+    warnings += credential_warnings(cfg)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if warnings and args.strict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuwarden.config import Config, Secret
 from gpuwarden.playbook.loader import CompiledRule, CompiledStep, PlaybookSet
+from gpuwarden.sources.priority import rule_conditions, rule_reach
 from gpuwarden.units import format_duration
 
 
@@ -64,6 +65,24 @@ def _url_count(urls: tuple[str | Secret, ...]) -> str:
     return text + (f" ({secret} from a file or the environment)" if secret else "")
 
 
+def _classes(config: Config) -> list[str]:
+    """Per class, each rule and how far it may move a process (docs/security.md)."""
+    p = config.priorities
+    width = max(len(name) for name in p.names) + 2
+    lines = []
+    for cls in p.classes:
+        head = f"{'':11}{cls.name:<{width}}"
+        if not cls.match:
+            lines.append(f"{head}no rules" + (" (the default)" if cls.name == p.default else ""))
+        for i, rule in enumerate(cls.match):
+            lead = head if i == 0 else " " * len(head)
+            lines.append(f"{lead}{rule_conditions(rule)}: {rule_reach(rule, p.declared_max)}")
+    lines.append(
+        f"{'':11}{'declared':<{width}}GPUWARDEN_PRIORITY: any class up to {p.declared_max}"
+    )
+    return lines
+
+
 def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
     p = config.priorities
     lines = [
@@ -71,6 +90,7 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
         f"           tick {format_duration(config.tick, exact=True)}, timezone {config.timezone}, "
         f"dry_run {'on' if config.dry_run else 'off'}",
         f"priorities {' > '.join(p.names)} (default {p.default}, declared max {p.declared_max})",
+        *_classes(config),
     ]
     prot = config.protected
     parts = ["pid 1-2", "gpuwarden itself"]
@@ -78,12 +98,12 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
         parts.append("root-owned")
     if prot.users:
         parts.append("users " + ", ".join(prot.users))
-    if prot.names:
-        parts.append(f"{len(prot.names)} process names")
+    if prot.groups:
+        parts.append("groups " + ", ".join(prot.groups))
+    if prot.exes:
+        parts.append("executables " + ", ".join(prot.exes))
     if prot.units:
-        parts.append("units " + ", ".join(prot.units))
-    if prot.cmdline:
-        parts.append(f"{len(prot.cmdline)} cmdline patterns")
+        parts.append("units (root-owned cgroups) " + ", ".join(prot.units))
     if prot.priorities:
         parts.append("classes " + ", ".join(prot.priorities))
     lines.append("protected  " + "; ".join(parts))

@@ -17,16 +17,16 @@ import importlib
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from gpuwarden import config as config_file
 from gpuwarden import pathsafety
+from gpuwarden.cli import hardening
+from gpuwarden.cli.findings import Finding, Severity, fail, ok, warn
 from gpuwarden.config import CloudProfile, Config
 from gpuwarden.errors import InputError
 
-Severity = Literal["ok", "warning", "error"]
+__all__ = ["Finding", "Severity", "blocking", "run_checks"]
 
 # Capability bit numbers (linux/capability.h).
 CAPABILITY_BITS = {
@@ -43,27 +43,6 @@ CAPABILITY_BITS = {
 }
 UNIT_LINE = "AmbientCapabilities= / CapabilityBoundingSet= in systemd/gpuwarden.service"
 DEFAULT_PROBE_PID = 1
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    ok: bool
-    severity: Severity
-    detail: str
-    fix: str | None = None  # always given when not ok
-
-
-def _ok(check: str, detail: str) -> Finding:
-    return Finding(check, True, "ok", detail)
-
-
-def _warn(check: str, detail: str, fix: str) -> Finding:
-    return Finding(check, False, "warning", detail, fix)
-
-
-def _fail(check: str, detail: str, fix: str) -> Finding:
-    return Finding(check, False, "error", detail, fix)
 
 
 def capabilities(capeff_hex: str) -> set[str]:
@@ -93,11 +72,11 @@ def own_capabilities(status_path: Path = Path("/proc/self/status")) -> set[str] 
 
 def check_nvml(source: str) -> Finding:
     if source != "nvml":
-        return _ok("nvml", f"not used (source: {source})")
+        return ok("nvml", f"not used (source: {source})")
     try:
         import pynvml
     except ImportError:
-        return _warn("nvml", "nvidia-ml-py is not installed", "pip install nvidia-ml-py")
+        return warn("nvml", "nvidia-ml-py is not installed", "pip install nvidia-ml-py")
     try:
         pynvml.nvmlInit()
     except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
@@ -107,17 +86,17 @@ def check_nvml(source: str) -> Finding:
         fix = problem.hint or "install the NVIDIA driver"
         if "scenario" not in fix:
             fix += "; or use --source scenario:FILE to rehearse without a GPU"
-        return _warn("nvml", problem.message, fix)
+        return warn("nvml", problem.message, fix)
     try:
         count = int(pynvml.nvmlDeviceGetCount())
     except pynvml.NVMLError as exc:
-        return _warn("nvml", f"NVML started but cannot count GPUs: {exc}", "run nvidia-smi")
+        return warn("nvml", f"NVML started but cannot count GPUs: {exc}", "run nvidia-smi")
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
     if count == 0:
-        return _warn("nvml", "NVML works but sees no GPU", "check nvidia-smi -L")
-    return _ok("nvml", f"reachable, {count} GPU(s)")
+        return warn("nvml", "NVML works but sees no GPU", "check nvidia-smi -L")
+    return ok("nvml", f"reachable, {count} GPU(s)")
 
 
 # --- permissions --------------------------------------------------------------------------
@@ -131,37 +110,37 @@ def check_signal(pid: int, caps: set[str] | None) -> Finding:
     try:
         os.kill(pid, 0)
     except PermissionError:
-        return _warn(
+        return warn(
             "signal",
             f"cannot signal PID {pid} (EPERM): checkpoint, suspend and kill steps will fail "
             "on other users' processes",
             _cap_fix("CAP_KILL", "signal other users' processes"),
         )
     except ProcessLookupError:
-        return _warn("signal", f"probe PID {pid} does not exist", "probe another PID")
+        return warn("signal", f"probe PID {pid} does not exist", "probe another PID")
     if os.geteuid() != 0 and caps is not None and "CAP_KILL" not in caps:
-        return _warn(
+        return warn(
             "signal",
             f"PID {pid} can be signalled (same user), but CAP_KILL is missing",
             _cap_fix("CAP_KILL", "signal other users' processes"),
         )
-    return _ok("signal", f"may signal other users' processes (probed PID {pid})")
+    return ok("signal", f"may signal other users' processes (probed PID {pid})")
 
 
 def check_renice(pid: int, caps: set[str] | None) -> Finding:
     try:
         os.getpriority(os.PRIO_PROCESS, pid)
     except OSError as exc:
-        return _warn(
+        return warn(
             "renice",
             f"cannot read the priority of PID {pid} ({exc.strerror})",
             _cap_fix("CAP_SYS_NICE", "renice and restore other users' processes"),
         )
     if os.geteuid() == 0 and (caps is None or "CAP_SYS_NICE" in caps):
-        return _ok("renice", "root with CAP_SYS_NICE: may renice and restore any process")
+        return ok("renice", "root with CAP_SYS_NICE: may renice and restore any process")
     if caps is not None and "CAP_SYS_NICE" in caps:
-        return _ok("renice", "CAP_SYS_NICE: may renice and restore any process")
-    return _warn(
+        return ok("renice", "CAP_SYS_NICE: may renice and restore any process")
+    return warn(
         "renice",
         "CAP_SYS_NICE is missing: renice steps cannot touch other users' processes or "
         "restore a priority afterwards",
@@ -174,15 +153,15 @@ def check_environ(pid: int) -> Finding:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             handle.read(1)
     except PermissionError:
-        return _warn(
+        return warn(
             "environ",
             f"cannot read /proc/{pid}/environ: env: match rules and GPUWARDEN_PRIORITY / "
             "checkpoint opt-ins of other users' jobs are not seen",
             f"run as root or grant CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH: add both to {UNIT_LINE}",
         )
     except OSError as exc:
-        return _warn("environ", f"cannot read /proc/{pid}/environ ({exc.strerror})", "check /proc")
-    return _ok("environ", f"may read other users' environments (probed PID {pid})")
+        return warn("environ", f"cannot read /proc/{pid}/environ ({exc.strerror})", "check /proc")
+    return ok("environ", f"may read other users' environments (probed PID {pid})")
 
 
 # --- files --------------------------------------------------------------------------------
@@ -196,13 +175,13 @@ def check_state_dir(path: Path) -> Finding:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        return _fail(
+        return fail(
             "state_dir",
             f"{path} is not a writable directory ({exc.strerror or type(exc).__name__})",
             f"create {path} owned by the daemon's user with mode 0700, or set state_dir: "
             "(StateDirectory=gpuwarden in the unit)",
         )
-    return _ok("state_dir", f"{path} is writable")
+    return ok("state_dir", f"{path} is writable")
 
 
 def check_modes(
@@ -217,7 +196,7 @@ def check_modes(
     found = pathsafety.unsafe(guarded)
     if not found:
         return [
-            _ok(
+            ok(
                 "modes",
                 f"{len(guarded)} config and playbook path(s), and the directories above them, "
                 "safe from other users",
@@ -228,10 +207,10 @@ def check_modes(
         check = f"mode {bad.path}"
         detail = f"{bad}: whoever can change it controls what gpuwarden does"
         if insecure:
-            findings.append(_warn(check, detail + " (allowed by --insecure-permissions)", bad.fix))
+            findings.append(warn(check, detail + " (allowed by --insecure-permissions)", bad.fix))
         else:
             findings.append(
-                _fail(check, detail, bad.fix + " (or start with --insecure-permissions)")
+                fail(check, detail, bad.fix + " (or start with --insecure-permissions)")
             )
     return findings
 
@@ -248,14 +227,14 @@ def check_ack_spool(path: Path) -> Finding:
             problems = [pathsafety.Unsafe(str(path), str(exc), "give ack_spool a real directory")]
     if problems:
         first = problems[0]
-        return _warn(
+        return warn(
             check,
             f"{first}: checkpoint steps will ask no job (their acknowledgements could be forged)",
             f"{first.fix}, or set ack_spool: to a directory only root can write",
         )
     if not path.exists():
-        return _ok(check, f"{path} is created at the first checkpoint request")
-    return _ok(check, f"{path} is safe from other users")
+        return ok(check, f"{path} is created at the first checkpoint request")
+    return ok(check, f"{path} is safe from other users")
 
 
 def check_exec_user(config: Config) -> Finding:
@@ -266,28 +245,28 @@ def check_exec_user(config: Config) -> Finding:
     try:
         uid = pwd.getpwnam(user).pw_uid
     except KeyError:
-        return _warn(
+        return warn(
             "exec_user",
             f"exec.user {user!r} is not a user on this host: exec steps fail (unless as_root)",
             f"create the user {user!r}, or set exec.user: to an unprivileged user that exists",
         )
     if uid == 0:
-        return _warn(
+        return warn(
             "exec_user",
             f"exec.user {user!r} is root: exec steps keep root's privileges",
             "set exec.user: to an unprivileged user (the default is nobody)",
         )
-    return _ok("exec_user", f"exec steps run as {user} (uid {uid}), without capabilities")
+    return ok("exec_user", f"exec steps run as {user} (uid {uid}), without capabilities")
 
 
 def load_config(config_path: Path) -> tuple[Config | None, Finding]:
     try:
         loaded = config_file.load(config_path)
     except InputError as exc:
-        return None, _fail("config", exc.render(), f"correct {config_path} (gpuwarden check)")
+        return None, fail("config", exc.render(), f"correct {config_path} (gpuwarden check)")
     except OSError as exc:
-        return None, _fail("config", f"cannot read {config_path} ({exc.strerror})", "check it")
-    return loaded, _ok("config", f"{config_path} loads")
+        return None, fail("config", f"cannot read {config_path} ({exc.strerror})", "check it")
+    return loaded, ok("config", f"{config_path} loads")
 
 
 def check_playbooks(paths: Sequence[Path], config: Config) -> Finding:
@@ -296,10 +275,10 @@ def check_playbooks(paths: Sequence[Path], config: Config) -> Finding:
     try:
         loaded = load(paths, config)
     except InputError as exc:
-        return _fail("playbooks", exc.render(), "correct the playbooks (gpuwarden check)")
+        return fail("playbooks", exc.render(), "correct the playbooks (gpuwarden check)")
     except OSError as exc:
-        return _fail("playbooks", f"cannot read the playbooks ({exc.strerror})", "check them")
-    return _ok("playbooks", f"{len(loaded.rules)} rule(s) in {len(loaded.files)} file(s) load")
+        return fail("playbooks", f"cannot read the playbooks ({exc.strerror})", "check them")
+    return ok("playbooks", f"{len(loaded.rules)} rule(s) in {len(loaded.files)} file(s) load")
 
 
 # --- notifications and cloud --------------------------------------------------------------
@@ -316,10 +295,10 @@ def check_notify(config: Config, *, parse: bool = True) -> list[Finding]:
         try:
             urls = urls_of(name)
         except (ValueError, OSError) as exc:  # SecretError names the secret, never its value
-            findings.append(_fail(check, str(exc), "provide the secret the target names"))
+            findings.append(fail(check, str(exc), "provide the secret the target names"))
             continue
         if not parse:
-            findings.append(_ok(check, f"{len(urls)} URL(s) found"))
+            findings.append(ok(check, f"{len(urls)} URL(s) found"))
             continue
         import apprise
 
@@ -327,10 +306,10 @@ def check_notify(config: Config, *, parse: bool = True) -> list[Finding]:
         if bad:
             shown = ", ".join(redact_url(u) for u in bad)
             findings.append(
-                _fail(check, f"apprise does not accept {shown}", "correct the apprise URL")
+                fail(check, f"apprise does not accept {shown}", "correct the apprise URL")
             )
         else:
-            findings.append(_ok(check, f"{len(urls)} URL(s) parse"))
+            findings.append(ok(check, f"{len(urls)} URL(s) parse"))
     return findings
 
 
@@ -351,7 +330,7 @@ def check_cloud(
             found = credentials(profile)
         except ImportError:
             findings.append(
-                _warn(
+                warn(
                     check,
                     "boto3 is not installed: provision steps fail",
                     "pip install 'gpuwarden[cloud]'",
@@ -359,10 +338,10 @@ def check_cloud(
             )
             continue
         if found:
-            findings.append(_ok(check, f"AWS credentials found for profile {name}"))
+            findings.append(ok(check, f"AWS credentials found for profile {name}"))
         else:
             findings.append(
-                _warn(
+                warn(
                     check,
                     "no AWS credentials found",
                     "give the daemon credentials: an instance role, AWS_PROFILE / "
@@ -409,6 +388,14 @@ def run_checks(
         findings.append(check_playbooks(paths, usable))
         findings += check_notify(usable, parse=parse_urls)
         findings += check_cloud(usable, cloud_credentials)
+        trust = hardening.review(usable, config_path)
+        findings += trust or [
+            ok(
+                "trust",
+                "no regex that backtracks, no protected class a job can declare, no "
+                "secret readable by other users",
+            )
+        ]
     return findings
 
 

@@ -67,6 +67,7 @@ def process_dict(proc: GpuProcess, now: float) -> dict[str, Any]:
         "uid": info.uid,
         "name": info.name,
         "cmdline": None if info.cmdline is None else list(info.cmdline),
+        "exe": info.exe,
         "priority": info.priority,
         "declared_priority": info.declared_priority,
         "checkpoint_signal": info.checkpoint_signal,
@@ -81,6 +82,7 @@ def process_dict(proc: GpuProcess, now: float) -> dict[str, Any]:
         "pod": info.pod,
         "slurm_job": info.slurm_job,
         "systemd_unit": info.systemd_unit,
+        "cgroup_trusted": info.cgroup_trusted,
         "kind": proc.kind,
         "access_denied": list(info.access_denied),
     }
@@ -201,7 +203,8 @@ def _job_labels(proc: GpuProcess) -> list[str]:
     if info.container:
         labels.append(f"container {info.container[:12]}")
     if info.systemd_unit:
-        labels.append(f"unit {info.systemd_unit}")
+        own = "" if info.cgroup_trusted else " (a cgroup its owner made)"
+        labels.append(f"unit {info.systemd_unit}{own}")
     if info.checkpoint_signal:
         labels.append(f"checkpoints on {info.checkpoint_signal}")
     return labels

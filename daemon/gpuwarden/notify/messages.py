@@ -9,9 +9,16 @@ command line is chosen by whoever started the process). Every fact value is clea
 characters and ANSI sequences removed, newlines flattened, length capped) and then escaped for
 the body format of the target it goes to, before it is substituted:
 
-- ``text``: cleaned only;
+- ``text``: cleaned, mentions neutralised;
 - ``markdown``: Markdown punctuation backslash-escaped, links and mentions neutralised;
 - ``html``: ``html.escape``, links and mentions neutralised.
+
+Mentions are neutralised in every format and at any position, since chat services act on them
+wherever they stand (``a@everyone`` pings a Discord server): a word joiner (U+2060) goes after
+every ``@`` that a name follows (``@everyone``, ``@here``, ``@channel``, ``@user``), after a
+``!`` that starts a word (``!here``), and between ``<`` and ``@``/``!``/``#`` (Slack's
+``<!channel>``, ``<@U024BE7LH>``, ``<#C024BE7LR>``; Discord's ``<@123>``, ``<@&role>``). The
+text still reads the same.
 
 Pure: no I/O, no clock.
 """
@@ -43,7 +50,7 @@ LIST_LIMIT = 12  # items of one list (GPUs, actions) before "and N more"
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _SPACES = re.compile(r"\s+")
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()~>#+\-=|{}.!<])")
-_MENTION = re.compile(r"(?<![\w.])([@!])(?=[A-Za-z0-9_])")
+_MENTION = re.compile(r"(@)(?=\w)|(?<![\w.])(!)(?=\w)|(<)(?=[@!#])")
 _SCHEME = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,15}):(?=//)")
 _GPU_WHERE = re.compile(r"^GPU (\d+)$")
 
@@ -99,16 +106,21 @@ def clean(value: object, limit: int = VALUE_LIMIT) -> str:
     return text
 
 
+def guard_mentions(text: str) -> str:
+    """Mentions a chat service would act on, anywhere in ``text``, made inert but readable:
+    ``a@everyone`` → ``a@\u2060everyone``, ``<!channel>`` → ``<\u2060!\u2060channel>``."""
+    return _MENTION.sub(lambda m: f"{m.group(0)}\u2060", text)
+
+
 def _defang(text: str) -> str:
-    """Links and mentions that a chat client would act on, made inert but readable:
-    ``http://x`` → ``http[:]//x``, ``@here`` → ``@\u2060here``, ``<!here>`` loses its ``!``."""
-    text = _SCHEME.sub(r"\1[:]", text)
-    return _MENTION.sub("\\1\u2060", text)
+    """Links that a chat client would act on, made inert but readable: ``http://x`` →
+    ``http[:]//x``."""
+    return _SCHEME.sub(r"\1[:]", text)
 
 
 def escape(value: object, body_format: BodyFormat, limit: int = VALUE_LIMIT) -> str:
     """A fact value made safe to stand in a body of ``body_format``."""
-    text = clean(value, limit)
+    text = guard_mentions(clean(value, limit))
     if body_format == "text":
         return text
     text = _defang(text)
@@ -349,7 +361,7 @@ def compose(
         tz=tz,
         body_format=body_format,
     )
-    title = clean(render(TITLES.get(notice.kind, TITLES["step"]), facts), 250)
+    title = guard_mentions(clean(render(TITLES.get(notice.kind, TITLES["step"]), facts), 250))
     if notice.template is not None:
         body = render(notice.template, facts)
         if "${timeline}" not in notice.template:

@@ -25,7 +25,15 @@ from gpuwarden.config import Config
 from gpuwarden.model import Intent, Outcome, RuleChange, Transition
 from gpuwarden.notify import routing
 from gpuwarden.notify.grouping import Grouper, Notice, Timing
-from gpuwarden.notify.messages import MARKERS, Message, clean, compose, escape, message_id
+from gpuwarden.notify.messages import (
+    MARKERS,
+    Message,
+    clean,
+    compose,
+    escape,
+    guard_mentions,
+    message_id,
+)
 from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS, NotifyParams
 
 RATE_WINDOW = 60.0
@@ -223,7 +231,7 @@ class Notifier:
         return Message(
             id=message_id(key, kind, 0, target),
             target=target,
-            title=clean(prefix + title, 250),
+            title=guard_mentions(clean(prefix + title, 250)),
             body=escape(body, body_format, limit=4000),
             severity=severity,
             kind=kind,

@@ -32,6 +32,8 @@ _POD_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f
 _POD = re.compile(rf"(?:kubepods(?:-[a-z]+)*-)?pod(?P<uid>{_POD_UID})(?:\.slice)?")
 _SLURM_JOB = re.compile(r"job_(?P<id>[0-9]+)")
 _UNIT = re.compile(r"[^/]+\.(?:service|scope)")
+# systemd's per-user manager: it and everything below it is delegated to that user.
+_USER_MANAGER = re.compile(r"user@[^/]*\.service")
 _DELETED = " (deleted)"
 
 # Line kinds, in the order their paths are preferred.
@@ -55,6 +57,12 @@ class CgroupFacts:
     - ``path``: the most informative cgroup path: the first, in the order unified line,
       ``name=systemd`` line, other lines as written, of those that name a container, pod or
       Slurm job; failing that, the first that is not the root ``/``; failing that, ``/``.
+    - ``hierarchy``: the controllers field of ``path``'s line: ``""`` for the unified (v2)
+      hierarchy, ``name=systemd``, ``memory``, ``cpu,cpuacct`` ... (where its directory is).
+    - ``delegated``: ``path`` lies in a subtree the kernel lets a user write, as far as the
+      path tells: under a ``user@UID.service`` (systemd's per-user manager), or outside the
+      reader's cgroup namespace (``..``). Ownership of the directories is checked on the file
+      system by ``sources.cgroup_trust``.
     """
 
     container: str | None = None
@@ -62,12 +70,15 @@ class CgroupFacts:
     slurm_job: str | None = None
     systemd_unit: str | None = None
     path: str | None = None
+    hierarchy: str | None = None
+    delegated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class _PathFacts:
     kind: int
     order: int
+    hierarchy: str
     path: str
     container: str | None
     pod: str | None
@@ -102,7 +113,15 @@ def parse_cgroup(text: str) -> CgroupFacts:
         slurm_job=next((p.slurm_job for p in lines if p.slurm_job is not None), None),
         systemd_unit=best.unit,
         path=best.path,
+        hierarchy=best.hierarchy,
+        delegated=delegated_path(best.path),
     )
+
+
+def delegated_path(path: str) -> bool:
+    """Whether a cgroup path lies, by its name alone, where a user may make cgroups: under a
+    ``user@UID.service``, or beyond the reader's cgroup namespace (a ``..`` part)."""
+    return any(part == ".." or _USER_MANAGER.fullmatch(part) for part in path.split("/"))
 
 
 def _parse_line(line: str, order: int) -> _PathFacts | None:
@@ -120,10 +139,10 @@ def _parse_line(line: str, order: int) -> _PathFacts | None:
         kind = _SYSTEMD
     else:
         kind = _CONTROLLER
-    return _facts_of_path(path, kind, order)
+    return _facts_of_path(path, kind, order, controllers)
 
 
-def _facts_of_path(path: str, kind: int, order: int) -> _PathFacts:
+def _facts_of_path(path: str, kind: int, order: int, hierarchy: str) -> _PathFacts:
     container: str | None = None
     pod: str | None = None
     slurm_job: str | None = None
@@ -157,7 +176,7 @@ def _facts_of_path(path: str, kind: int, order: int) -> _PathFacts:
             unit = part
         in_kubepods = in_kubepods or part.startswith("kubepods")
         in_slurm = in_slurm or part.startswith("slurm")
-    return _PathFacts(kind, order, path, container, pod, slurm_job, unit)
+    return _PathFacts(kind, order, hierarchy, path, container, pod, slurm_job, unit)
 
 
 def _dashed_uid(uid: str) -> str:

@@ -34,18 +34,21 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, NamedTuple, TypeVar
+from typing import Final, TypeVar
 
 import psutil
 
 from gpuwarden.config import Priorities
 from gpuwarden.model import ProcessInfo, bytes_to_mib
+from gpuwarden.sources.cgroup_trust import DEFAULT_ROOT, CgroupTrust
 from gpuwarden.sources.cgroups import CgroupFacts, parse_cgroup
 from gpuwarden.sources.priority import (
     PriorityResolver,
     normalise_signal,
     rule_env_keys,
 )
+from gpuwarden.sources.proc_stat import ENDING, STATES, Stat, parse_stat
+from gpuwarden.sources.slurm import SlurmJob, SlurmJobs
 
 ENV_PRIORITY = "GPUWARDEN_PRIORITY"
 ENV_CHECKPOINT_SIGNAL = "GPUWARDEN_CHECKPOINT_SIGNAL"
@@ -58,60 +61,11 @@ _SLURM_JOB_ID = re.compile(r"[0-9]+")
 _T = TypeVar("_T")
 
 
-# What a one-letter state in /proc/PID/stat is called (the names psutil gives them).
-_STATES: Final = {
-    b"R": "running",
-    b"S": "sleeping",
-    b"D": "disk-sleep",
-    b"T": "stopped",
-    b"t": "tracing-stop",
-    b"Z": "zombie",
-    b"X": "dead",
-    b"x": "dead",
-    b"K": "wake-kill",
-    b"W": "waking",
-    b"I": "idle",
-    b"P": "parked",
-}
-# A process in one of these states has lost its command line and environment: read afresh.
-_ENDING: Final = frozenset({b"Z", b"X", b"x"})
 # Facts that /proc/PID/stat gives on every call; a denial of one of them is not kept.
 _DYNAMIC: Final = frozenset({"status", "nice", "cpu_pct", "rss_mib"})
+_DELETED: Final = " (deleted)"
 _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
-
-
-class _Stat(NamedTuple):
-    """What one read of ``/proc/PID/stat`` gives."""
-
-    start: int  # clock ticks from boot to the process's start: with the PID, its identity
-    state: bytes
-    nice: int
-    cpu_ticks: int  # user + system
-    rss_pages: int
-    program: tuple[bytes, ...]  # command name and memory layout, both changed by exec()
-
-
-def _parse_stat(data: bytes) -> _Stat | None:
-    """``pid (comm) state ppid ...`` (proc(5)); the name may hold spaces and parentheses, so
-    the fields are counted from the last ``)``. ``None`` when the text is not such a line."""
-    left, right = data.find(b"("), data.rfind(b")")
-    if left < 0 or right < left:
-        return None
-    fields = data[right + 2 :].split()  # fields[n - 3] is field n of proc(5)
-    if len(fields) < 26:
-        return None
-    try:
-        return _Stat(
-            start=int(fields[19]),
-            state=fields[0],
-            nice=int(fields[16]),
-            cpu_ticks=int(fields[11]) + int(fields[12]),
-            rss_pages=int(fields[21]),
-            program=(data[left + 1 : right], *fields[23:26], *fields[45:49]),
-        )
-    except ValueError:
-        return None
 
 
 @dataclass(slots=True)
@@ -134,6 +88,7 @@ class _Draft:
     pid: int
     name: str | None = None
     cmdline: tuple[str, ...] | None = None
+    exe: str | None = None
     user: str | None = None
     uid: int | None = None
     groups: tuple[str, ...] = ()
@@ -142,6 +97,8 @@ class _Draft:
     nice: int | None = None
     rss_mib: int | None = None
     cgroup: CgroupFacts = field(default_factory=CgroupFacts)
+    cgroup_trusted: bool = False
+    slurm: SlurmJob | None = None
     env: dict[str, str] | None = None
     denied: list[str] = field(default_factory=list)
     zombie: bool = False
@@ -175,6 +132,7 @@ class _Draft:
             pid=self.pid,
             name=self.name,
             cmdline=self.cmdline,
+            exe=self.exe,
             user=self.user,
             uid=self.uid,
             groups=self.groups,
@@ -187,6 +145,9 @@ class _Draft:
             slurm_job=slurm_job,
             systemd_unit=self.cgroup.systemd_unit,
             cgroup=self.cgroup.path,
+            cgroup_trusted=self.cgroup_trusted,
+            slurm_partition=self.slurm.partition if self.slurm is not None else None,
+            slurm_qos=self.slurm.qos if self.slurm is not None else None,
             env=env,
             declared_priority=declared or None,
             checkpoint_signal=normalise_signal(env.get(ENV_CHECKPOINT_SIGNAL))
@@ -202,15 +163,20 @@ class Attributor:
     ``env_keys`` are environment variables to keep besides ``KEPT_ENV_KEYS`` and those the
     priority rules name (which are always kept). ``proc_root`` is where the files psutil does
     not parse are read: ``PID/stat`` (identity and the facts that change), ``PID/cgroup`` and
-    ``PID/status`` (supplementary groups); psutil itself reads ``psutil.PROCFS_PATH``.
+    ``PID/status`` (supplementary groups), ``PID/exe``; psutil itself reads
+    ``psutil.PROCFS_PATH``. ``cgroup_root`` is where the cgroup file systems are mounted: a
+    cgroup's directories must be owned by root there for its unit and path to count
+    (``sources.cgroup_trust``). ``slurm`` asks Slurm for the partition and QOS of a job found
+    in a trusted cgroup (``SlurmJobs.detect()`` where Slurm is installed).
     ``refresh_after`` (seconds of the ``now`` given to ``describe``) bounds how long the facts
     read for a process are kept before they are read again (see the module's docstring).
 
     The facts named in ``ProcessInfo.access_denied`` are among ``name``, ``cmdline``, ``user``,
     ``uid``, ``groups``, ``create_time``, ``status``, ``nice``, ``cpu_pct``, ``rss_mib``,
-    ``cgroup`` and ``environ``; ``environ`` is the usual one (reading another user's environment
-    needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH), and without it the priority, checkpoint
-    signal and Slurm job fall back to what the cgroup and the rules say.
+    ``exe``, ``cgroup`` and ``environ``; ``environ`` is the usual one (reading another user's
+    environment needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH, and ``exe`` the former), and
+    without it the priority, checkpoint signal and Slurm job fall back to what the cgroup and
+    the rules say.
     """
 
     def __init__(
@@ -219,9 +185,13 @@ class Attributor:
         *,
         env_keys: Iterable[str] = (),
         proc_root: Path = Path("/proc"),
+        cgroup_root: Path = DEFAULT_ROOT,
+        slurm: SlurmJobs | None = None,
         refresh_after: float = 300.0,
     ) -> None:
         self._resolver = PriorityResolver(priorities)
+        self._cgroups = CgroupTrust(cgroup_root)
+        self._slurm = slurm
         self._keep = frozenset((*KEPT_ENV_KEYS, *env_keys, *rule_env_keys(priorities)))
         self._proc_root = proc_root
         self._proc_dir = f"{proc_root}/"
@@ -263,14 +233,14 @@ class Attributor:
             last is not None
             and last.facts is not None
             and last.program == stat.program
-            and stat.state not in _ENDING
+            and stat.state not in ENDING
             and abs(now - last.read_at) < self._refresh_after
         ):
             mark.program, mark.facts, mark.read_at = last.program, last.facts, last.read_at
             known[pid] = mark
             return replace(
                 last.facts,
-                status=_STATES.get(stat.state),
+                status=STATES.get(stat.state),
                 nice=stat.nice,
                 cpu_pct=cpu_pct,
                 rss_mib=bytes_to_mib(stat.rss_pages * _PAGE_SIZE),
@@ -291,13 +261,13 @@ class Attributor:
     def _resolved(self, info: ProcessInfo) -> ProcessInfo:
         return replace(info, priority=self._resolver.resolve(info))
 
-    def _read_stat(self, pid: int) -> _Stat | None:
+    def _read_stat(self, pid: int) -> Stat | None:
         try:
             fd = os.open(f"{self._proc_dir}{pid}/stat", os.O_RDONLY)
         except OSError:
             return None
         try:
-            return _parse_stat(os.read(fd, 4096))
+            return parse_stat(os.read(fd, 4096))
         except OSError:
             return None
         finally:
@@ -338,9 +308,14 @@ class Attributor:
         memory = draft.read("rss_mib", proc.memory_info)
         draft.rss_mib = bytes_to_mib(memory.rss) if memory is not None else None
         draft.groups = self._groups(proc, draft, group_names)
+        draft.exe = self._read_exe(proc.pid, draft)
         cgroup_text = self._read_proc_file(proc.pid, "cgroup", draft)
         if cgroup_text is not None:
             draft.cgroup = parse_cgroup(cgroup_text)
+            draft.cgroup_trusted = self._cgroups.trusted(draft.cgroup)
+            job = draft.cgroup.slurm_job
+            if job is not None and draft.cgroup_trusted and self._slurm is not None:
+                draft.slurm = self._slurm.lookup(job)
         environ = draft.read("environ", proc.environ)
         if environ is not None:
             draft.env = {k: v for k, v in environ.items() if k in self._keep}
@@ -360,6 +335,18 @@ class Attributor:
                 break
         return tuple(dict.fromkeys(_group_name(gid, group_names) for gid in gids))
 
+    def _read_exe(self, pid: int, draft: _Draft) -> str | None:
+        """The real path of the executable (``/proc/PID/exe``); a binary replaced since the
+        process started keeps its path (the kernel appends `` (deleted)``)."""
+        try:
+            target = os.readlink(f"{self._proc_dir}{pid}/exe")
+        except PermissionError:
+            draft.denied.append("exe")
+            return None
+        except OSError:  # a kernel thread or a zombie has none; a gone process neither
+            return None
+        return target.removesuffix(_DELETED)
+
     def _read_proc_file(
         self, pid: int, name: str, draft: _Draft, *, fact: str | None = None
     ) -> str | None:
@@ -375,7 +362,7 @@ class Attributor:
         return data.decode("utf-8", errors="replace")
 
 
-def _cpu_pct(last: _Known | None, stat: _Stat, clock: float) -> float | None:
+def _cpu_pct(last: _Known | None, stat: Stat, clock: float) -> float | None:
     """CPU use since the last observation of the same process, in % of one CPU."""
     if last is None or clock <= last.cpu_at:
         return None

@@ -41,8 +41,12 @@ def _job(proc: GpuProcess, start: float) -> dict[str, Any]:
             job[key] = value
     if info.groups:
         job["groups"] = list(info.groups)
+    if info.exe:
+        job["exe"] = info.exe
     if info.systemd_unit:
         job["unit"] = info.systemd_unit
+    if info.cgroup and info.cgroup != "/":
+        job["cgroup"] = info.cgroup  # where the unit lies says whether it may raise a class
     if info.status in ("zombie", "stopped", "disk-sleep", "sleeping"):
         job["status"] = info.status
     if info.rss_mib is not None:

@@ -36,6 +36,7 @@ from gpuwarden.model import (
 )
 from gpuwarden.sources import attach, scenario_format
 from gpuwarden.sources.attach import Attached
+from gpuwarden.sources.cgroups import parse_cgroup
 from gpuwarden.sources.priority import PriorityResolver, normalise_signal
 from gpuwarden.sources.procs import Attributor as ProcessAttributor
 from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Keyframe, Scenario
@@ -308,10 +309,14 @@ class ScenarioSource:
         if job.orphaned:
             return ProcessInfo(pid=pid, orphaned=True)
         env = dict(job.env)
+        # A unit alone is a system unit (root-owned); a cgroup path says where it lies, and one
+        # under user@UID.service is the job owner's own making.
+        cgroup = parse_cgroup(f"0::{job.cgroup}") if job.cgroup is not None else None
         info = ProcessInfo(
             pid=pid,
             name=Path(job.cmdline[0]).name[:15],
             cmdline=job.cmdline,
+            exe=job.exe,
             user=job.user,
             uid=job.uid,
             groups=job.groups,
@@ -323,7 +328,11 @@ class ScenarioSource:
             container=job.container,
             pod=job.pod,
             slurm_job=job.slurm_job or env.get("SLURM_JOB_ID"),
-            systemd_unit=job.unit,
+            systemd_unit=job.unit or (cgroup.systemd_unit if cgroup is not None else None),
+            cgroup=job.cgroup,
+            slurm_partition=job.slurm_partition,
+            slurm_qos=job.slurm_qos,
+            cgroup_trusted=not cgroup.delegated if cgroup is not None else job.unit is not None,
             env=env,
             declared_priority=env.get("GPUWARDEN_PRIORITY"),
             checkpoint_signal=normalise_signal(env.get("GPUWARDEN_CHECKPOINT_SIGNAL")),

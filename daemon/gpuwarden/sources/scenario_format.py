@@ -138,6 +138,7 @@ class JobSpec(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     cmdline: tuple[str, ...] = ()
     attach: AttachSpec | None = None
+    exe: str | None = Field(default=None, pattern=r"^/")
     user: str | None = None
     uid: int | None = None
     groups: tuple[str, ...] = ()
@@ -151,7 +152,10 @@ class JobSpec(_Strict):
     container: str | None = None
     pod: str | None = None
     slurm_job: str | None = None
+    slurm_partition: str | None = None  # as Slurm reports it (the environment only claims)
+    slurm_qos: str | None = None
     unit: str | None = None
+    cgroup: str | None = Field(default=None, pattern=r"^/")
     started: Seconds = 0.0
     on_term: Literal["exit", "ignore"] = "exit"
     ack: Literal["immediate", "never"] | Seconds = "immediate"

@@ -175,10 +175,11 @@ def open_source(
     keeps its recording's own start time; the caller positions it (see ``ReplaySource``).
     ``drill``: a scenario's jobs are not spawned (see ``ScenarioSource``)."""
     from gpuwarden.sources.procs import Attributor
+    from gpuwarden.sources.slurm import SlurmJobs
 
     options = options or Options()
     host = config.host or socket.gethostname()
-    attributor = Attributor(config.priorities)
+    attributor = Attributor(config.priorities, slurm=SlurmJobs.detect())
     source: Source
     if spec.scheme == "nvml":
         from gpuwarden.sources.nvml import NvmlSource
