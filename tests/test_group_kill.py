@@ -72,7 +72,7 @@ def test_a_group_kill_leaves_a_root_owned_and_a_protected_member_alive(
 ) -> None:
     leader, helper, guarded, worker = group
     assert group_members(leader) == sorted(group)
-    config = Config(protected=Protected(cmdline=(r"^sleep 3601$",)))
+    config = Config(protected=Protected(pids=(guarded,)))
     protection = member_protection(config, os.getpid())
     target = target_for(leader)
     assert target.uid == local_users.victim.uid
@@ -88,4 +88,4 @@ def test_a_group_kill_leaves_a_root_owned_and_a_protected_member_alive(
     assert f"pid {helper} runs as uid 0, not the target's uid {local_users.victim.uid}" in (
         result.detail
     )
-    assert f"pid {guarded} protected: command line matches protected pattern" in result.detail
+    assert f"pid {guarded} protected: pid {guarded} is listed in protected.pids" in result.detail

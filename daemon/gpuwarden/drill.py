@@ -171,8 +171,9 @@ def run(
         if spec.sample is not None:
             offset = source.sample_offset(spec.sample)
         engine = Engine(playbooks, config)
-        summary.scenario = source.scenario.name
-        summary.description = source.scenario.description
+        described = getattr(source, "scenario", None)  # a scenario's own name; a log has none
+        summary.scenario = described.name if described is not None else source.name
+        summary.description = described.description if described is not None else ""
         summary.start = source.start_time
         asker = None
         if cloud is not None and config.cloud.profiles:
