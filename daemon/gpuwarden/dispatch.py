@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden.actions import registry
 from gpuwarden.actions.base import Context, PowerControl
+from gpuwarden.actions.slurm import Slurm
 from gpuwarden.clock import Clock
 from gpuwarden.engine.engine import Engine
 from gpuwarden.model import Intent, Outcome, Undo
@@ -72,6 +73,7 @@ class Dispatcher:
         cloud: CloudService | None = None,
         notifications: Notifications | None = None,
         metrics: Metrics | None = None,
+        slurm: Slurm | None = None,
     ) -> None:
         self.journal = journal
         self.engine = engine
@@ -87,6 +89,7 @@ class Dispatcher:
         self.cloud = cloud
         self.notifications = notifications
         self.metrics = metrics
+        self.slurm = slurm  # Slurm's commands, for steps on Slurm jobs (replaced on reload)
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
         self._running: dict[str, Future[None]] = {}
@@ -131,6 +134,7 @@ class Dispatcher:
             cancel=self.cancel,
             power=self.power,
             cloud=self.cloud,
+            slurm=self.slurm,
             facts=self._facts(intent),
             still_needed=self._still_needed(intent) if intent.kind == "kill" else None,
         )
@@ -231,6 +235,7 @@ class Dispatcher:
             host=self.host,
             cancel=threading.Event(),
             power=self.power,
+            slurm=self.slurm,
         )
         try:
             result = registry.undoer(undo.kind)(undo, ctx)

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.actions.base import PowerControl
+from gpuwarden.actions.slurm import Slurm
 from gpuwarden.clock import Clock, ScaledClock, SystemClock
 from gpuwarden.cloud.rounds import Rounds, reaped_notes
 from gpuwarden.config import Config
@@ -92,6 +93,7 @@ class Runtime:
             cloud=cloud,
             notifications=notifications,
             metrics=metrics,
+            slurm=Slurm.from_config(config.slurm),
         )
 
     @property
@@ -315,6 +317,7 @@ class Runtime:
             self.config = result.config
             self.steps.rails = Rails(result.config.safety, self.journal)
             self.steps.dry_run = self._forced_dry_run or result.config.dry_run
+            self.steps.slurm = Slurm.from_config(result.config.slurm)
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:

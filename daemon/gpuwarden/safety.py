@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from gpuwarden.config import Safety
 from gpuwarden.model import Intent
-from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS
+from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS, SELECTING_KINDS
 from gpuwarden.units import format_duration
 
 
@@ -42,7 +42,7 @@ class Rails:
     def refuse(self, intent: Intent, now: float) -> str | None:
         """Why this step may not run now, or None. Only destructive, non-shadow steps with
         something to act on are limited."""
-        if not destructive(intent) or (intent.kind in ("suspend", "kill") and not intent.targets):
+        if not destructive(intent) or (intent.kind in SELECTING_KINDS and not intent.targets):
             return None
         tripped = self.log.breaker()
         if tripped is not None:

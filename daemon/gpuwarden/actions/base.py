@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpuwarden.actions.slurm import Slurm
 from gpuwarden.clock import Clock
 from gpuwarden.model import Intent, Outcome, TargetResult
 
@@ -68,6 +69,7 @@ class Context:
     still_needed: Callable[[], bool] | None = None
     facts: dict[str, str] = field(default_factory=dict)  # incident facts for exec's environment
     cloud: CloudProvisioner | None = None
+    slurm: Slurm | None = None  # Slurm's commands (the config's ``slurm``), None when turned off
 
     def wait(self, seconds: float) -> bool:
         """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""

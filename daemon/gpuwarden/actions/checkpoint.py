@@ -31,6 +31,7 @@ from gpuwarden import job
 from gpuwarden.actions.base import Context, log_action, summarise
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import PinError, Pinned, pin
+from gpuwarden.actions.slurm_route import Router, joined, with_note
 from gpuwarden.model import Intent, Outcome, Target, TargetResult
 from gpuwarden.playbook.schema import CheckpointParams
 
@@ -167,6 +168,8 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
         return Outcome(ok=False, detail=detail, dry_run=dry)
     results: dict[int, TargetResult] = {}
     signals: dict[int, str] = {}
+    notes: dict[int, str] = {}  # how the signal went (through Slurm, or why not)
+    router = Router(ctx, params.via, "checkpoint")
     with ExitStack() as stack:
         waiting: list[_Waiting] = []
         for index, target in enumerate(intent.targets):
@@ -179,14 +182,16 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
             try:
                 pinned = stack.enter_context(pin(target))
                 ack = ack_file(target, pinned)
+                route = router.route(target, pinned)
                 if dry:
+                    how = joined(f"send {name}", router.would_signal(route, name))
                     results[index] = _result(
-                        target, True, "would", f"send {name}, wait up to {params.wait:g}s"
+                        target, True, "would", f"{how}, wait up to {params.wait:g}s"
                     )
                     continue
                 stale = clear_stale(ack, target.uid)
                 stopped = pinned.status() == psutil.STATUS_STOPPED
-                pinned.send(job.signal_from_name(name))
+                notes[index] = router.send_signal(route, pinned, name)
             except PinError as err:
                 results[index] = err.result(target)
                 continue
@@ -195,7 +200,7 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
                 continue
             waiting.append(_Waiting(index, target, pinned, ack, stale, stopped))
         results.update(_wait(waiting, params.wait, ctx))
-    ordered = [results[i] for i in range(len(intent.targets))]
+    ordered = [with_note(results[i], notes.get(i, "")) for i in range(len(intent.targets))]
     for index, (target, result) in enumerate(zip(intent.targets, ordered, strict=True)):
         log_action(
             intent,
