@@ -3,12 +3,12 @@ running stand-ins that log every signal, and Slurm's own view of each job afterw
 
 from __future__ import annotations
 
-import shutil
+import os
 from pathlib import Path
 
 from gpuwarden.actions import checkpoint, kill, requeue, resume, suspend
 from gpuwarden.actions.base import Context
-from gpuwarden.actions.slurm import Slurm
+from gpuwarden.actions.slurm import Slurm, job_from_cgroup
 from gpuwarden.clock import SystemClock
 from gpuwarden.model import Outcome, Target
 from gpuwarden.playbook.schema import (
@@ -72,6 +72,11 @@ def test_checkpoint_signals_the_job_through_scancel_and_waits_for_the_ack(
     assert f"via slurm: scancel --signal=USR1 --full {job.id}" in outcome.targets[0].detail
     assert job.signals() == ["signal SIGUSR1", "ack SIGUSR1"]
     assert slurm.state(job) == "RUNNING"  # a checkpoint leaves the job running
+    # signal_to: batch reaches the batch script alone (here the stand-in: the script execs it)
+    again = checkpoint.execute(step, ctx(slurm, signal_to="batch"))
+    assert states(again) == ["acknowledged"]
+    assert f"via slurm: scancel --signal=USR1 --batch {job.id}" in again.targets[0].detail
+    assert job.signals()[2:] == ["signal SIGUSR1", "ack SIGUSR1"]
 
 
 def test_one_scancel_per_job_however_many_of_its_processes_are_targets(
@@ -84,14 +89,6 @@ def test_one_scancel_per_job_however_many_of_its_processes_are_targets(
     # --full reached both processes, each exactly once: one command for the job
     assert job.signals(0) == ["signal SIGUSR1", "ack SIGUSR1"]
     assert job.signals(1) == ["signal SIGUSR1", "ack SIGUSR1"]
-
-
-def test_batch_signals_only_the_batch_script(slurm: SlurmCluster, tmp_path: Path) -> None:
-    job = slurm.submit(tmp_path)  # the script execs the stand-in: it is the batch process
-    step = intent("checkpoint", of(job), params=CheckpointParams(wait=20))
-    outcome = checkpoint.execute(step, ctx(slurm, signal_to="batch"))
-    assert states(outcome) == ["acknowledged"]
-    assert "scancel --signal=USR1 --batch" in outcome.targets[0].detail
 
 
 def test_suspend_and_its_undo_go_through_scontrol(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -175,10 +172,16 @@ def test_requeue_with_hold_keeps_the_job_held(slurm: SlurmCluster, tmp_path: Pat
     assert slurm.show(job)["Reason"] == "job_requeued_in_held_state"
 
 
-def test_dry_run_says_the_command_and_leaves_the_job_alone(
+def test_the_job_is_found_and_a_dry_run_says_the_command_and_leaves_it_alone(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     job = slurm.submit(tmp_path)
+    pid = job.pid()
+    assert pid is not None
+    assert Slurm(slurm.config()).pidinfo(pid) == job.id  # slurmd's answer, whatever tracks it
+    in_cgroup = job_from_cgroup(Path(f"/proc/{pid}/cgroup").read_text(), os.geteuid())
+    assert in_cgroup == (job.id if slurm.proctrack == "cgroup" else None)
+    assert Slurm(slurm.config()).pidinfo(os.getpid()) is None  # pytest is in no job
     context = ctx(slurm, dry_run=True)
     target = of(job)
     said = [
@@ -271,15 +274,3 @@ def test_a_process_in_no_job_and_slurm_turned_off(
     outcome = kill.execute(intent("kill", target, params=KillParams(grace=10)), ctx(slurm))
     assert states(outcome) == ["terminated"]
     assert "slurm" not in outcome.targets[0].detail
-
-
-def test_missing_commands_are_a_result_not_an_exception(tmp_path: Path) -> None:
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    from gpuwarden.config import SlurmConfig
-
-    control = Slurm(SlurmConfig(bin_dir=empty))
-    assert control.missing == f"Slurm's scontrol and scancel not found in {empty}"
-    ran = control.run("scontrol", "ping")
-    assert (ran.ok, ran.returncode) == (False, None)
-    assert shutil.which("scontrol") is None or control.paths["scontrol"] is None

@@ -322,11 +322,12 @@ class Router:
 
 
 def undo_resume(u: Undo, ctx: Context) -> TargetResult:
-    """Put back a Slurm suspend (``Undo(kind="slurm_resume")``): ``scontrol resume`` the job,
-    if the process the suspend pinned is still in it and Slurm still has it suspended."""
+    """Put back a Slurm suspend (``Undo(kind="slurm_resume")``): ``scontrol resume`` the job
+    while Slurm still has it suspended. The job is named by the id the suspend read from the
+    process (Slurm does not hand a job id out again), so its processes need not be pinned: one
+    that exited meanwhile must not leave the rest of the job stopped."""
     job = str(int(u.value)) if u.value is not None else ""
     pid, created = u.pid or 0, u.create_time
-    target = Target(pid, created, u.gpu, None, "", None, slurm_job=job)
 
     def result(ok: bool, state: str, detail: str) -> TargetResult:
         return TargetResult(pid, created, ok=ok, state=state, detail=f"job {job}: {detail}")
@@ -335,23 +336,15 @@ def undo_resume(u: Undo, ctx: Context) -> TargetResult:
     if not job or slurm is None or slurm.missing is not None:
         why = "Slurm is turned off in the config" if slurm is None else slurm.missing
         return result(False, "error", f"cannot resume through Slurm: {why or 'no job id'}")
-    try:
-        with pin(target) as pinned:
-            if read_job(slurm, pinned, ask=True) != job:
-                return result(True, "gone", "the process is no longer in the job")
-            shown = slurm.show_job(job)
-            if shown is None:
-                return result(False, "error", "slurmctld did not answer; tried again later")
-            if shown.get("JobState") != "SUSPENDED":
-                return result(True, "already", f"not suspended ({shown.get('JobState')})")
-            if ctx.dry_run:
-                return result(True, "would", "scontrol resume")
-            name, args = Slurm.resume_argv(job)
-            ran = slurm.run(name, *args)
-            if not ran.ok:
-                return result(False, "error", ran.describe())
-    except PinError as err:
-        return err.result(target)
-    except OSError as err:
-        return result(False, "error", str(err))
+    shown = slurm.show_job(job)
+    if shown is None:
+        return result(False, "error", "slurmctld did not answer; tried again later")
+    if shown.get("JobState") != "SUSPENDED":
+        return result(True, "already", f"not suspended ({shown.get('JobState')})")
+    if ctx.dry_run:
+        return result(True, "would", "scontrol resume")
+    name, args = Slurm.resume_argv(job)
+    ran = slurm.run(name, *args)
+    if not ran.ok:
+        return result(False, "error", ran.describe())
     return result(True, "restored", f"via slurm: {ran.command}")
