@@ -135,12 +135,16 @@ class SlurmCluster:
         tmp: Path,
         *,
         standins: int = 1,
+        srun: bool = False,
         on_term: str = "exit",
         ack: str = "0",
         checkpoint_signal: str = "SIGUSR1",
     ) -> Job:
-        """Submit a batch job running ``standins`` stand-ins (the script ``exec``s a single
-        one, so it is the job's batch process) and wait until every one is ready."""
+        """Submit a batch job running ``standins`` stand-ins and wait until every one is
+        ready. The script ``exec``s a single one (it is then the job's batch process), or with
+        ``srun`` starts it as step 0 of the job and waits for it, trapping no signal (as most
+        batch scripts do); several run in the background of a script that traps USR1, USR2
+        and CONT."""
         self._jobs += 1
         workdir = tmp / f"slurm-job{self._jobs}"
         workdir.mkdir(parents=True)
@@ -148,7 +152,8 @@ class SlurmCluster:
         logs = tuple(workdir / f"standin{i}.log" for i in range(standins))
         python = sys.executable
         if standins == 1:
-            body = f'export GPUWARDEN_STANDIN_LOG="{logs[0]}"\nexec "{python}" -m {STANDIN}\n'
+            launch = "srun" if srun else "exec"
+            body = f'export GPUWARDEN_STANDIN_LOG="{logs[0]}"\n{launch} "{python}" -m {STANDIN}\n'
         else:
             body = "trap 'true' USR1 USR2 CONT\n"  # the script lives on until they end
             for log in logs:
@@ -210,8 +215,15 @@ class SlurmCluster:
 STANDIN = "gpuwarden.sources.standin"
 
 
+def which(name: str) -> str | None:
+    """Where a Slurm or munge program is: the PATH, then the sbin directories (where Debian puts
+    the daemons, and which a non-root PATH may lack)."""
+    path = os.pathsep.join((os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"))
+    return shutil.which(name, path=path)
+
+
 def _absent() -> str | None:
-    missing = [p for p in PROGRAMS if shutil.which(p) is None]
+    missing = [p for p in PROGRAMS if which(p) is None]
     if missing:
         return (
             f"Slurm is not installed here ({', '.join(missing)} not found): "
@@ -220,6 +232,13 @@ def _absent() -> str | None:
     if os.geteuid() != 0:
         return "the Slurm tests start slurmd, which must run as root"
     return None
+
+
+def _program(name: str) -> str:
+    found = which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found")
+    return found
 
 
 def _unavailable(reason: str) -> None:
@@ -281,8 +300,8 @@ def _start(root: Path, node: str, proctrack: str, munged: subprocess.Popen[bytes
     log = root / "log"
     env = {**cluster.env}
     for argv, name in (
-        (["slurmctld", "-D", "-i", "-f", str(conf)], "slurmctld"),
-        (["slurmd", "-D", "-N", node, "-f", str(conf)], "slurmd"),
+        ([_program("slurmctld"), "-D", "-i", "-f", str(conf)], "slurmctld"),
+        ([_program("slurmd"), "-D", "-N", node, "-f", str(conf)], "slurmd"),
     ):
         out = (log / f"{name}.{proctrack}.out").open("wb")
         cluster.processes.append(
@@ -315,7 +334,7 @@ def start_cluster(root: Path) -> SlurmCluster:
     key.chmod(0o400)
     munged = subprocess.Popen(
         [
-            "munged",
+            _program("munged"),
             "--foreground",
             "--force",
             f"--key-file={key}",

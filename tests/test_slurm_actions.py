@@ -79,6 +79,21 @@ def test_checkpoint_signals_the_job_through_scancel_and_waits_for_the_ack(
     assert job.signals()[2:] == ["signal SIGUSR1", "ack SIGUSR1"]
 
 
+def test_a_process_srun_started_gets_the_signal_and_the_batch_script_is_spared(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = slurm.submit(tmp_path, srun=True)  # bash, untrapped, waits for srun's step 0
+    step = intent("checkpoint", of(job), params=CheckpointParams(wait=20))
+    outcome = checkpoint.execute(step, ctx(slurm))  # signal_to: auto
+    assert states(outcome) == ["acknowledged"], outcome.detail
+    detail = outcome.targets[0].detail
+    assert f"via slurm: scancel --signal=USR1 {job.id};" in detail  # the steps, not --full
+    assert slurm.state(job) == "RUNNING"
+    # --full would reach the batch script too, and bash dies of a USR1 it does not trap
+    checkpoint.execute(step, ctx(slurm, signal_to="full"))
+    assert slurm.wait_state(job, "FAILED", "CANCELLED", "COMPLETED") == "FAILED"
+
+
 def test_one_scancel_per_job_however_many_of_its_processes_are_targets(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:

@@ -5,17 +5,21 @@ becomes a result, the ``slurm`` config and the ``via`` and ``requeue`` keys of a
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpuwarden import config
 from gpuwarden.actions.slurm import (
+    JobRef,
     Ran,
     Slurm,
     job_fields,
     job_from_cgroup,
     job_from_pidinfo,
+    job_in_cgroup,
     via_for,
 )
 from gpuwarden.config import SlurmConfig
@@ -57,6 +61,39 @@ V1_LINES = "6:freezer:{path}\n5:devices:/\n4:memory:/process_api/56988e32\n0::/\
 )
 def test_the_job_a_cgroup_names(text: str, uid: int | None, job: str | None) -> None:
     assert job_from_cgroup(text, uid) == job
+
+
+@pytest.mark.parametrize(
+    ("path", "step"),
+    [
+        ("0::/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0", "batch"),
+        ("0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_3", "0"),
+        ("0::/system.slice/slurmstepd.scope/job_7/step_extern/slurm", "extern"),
+        ("0::/system.slice/slurmstepd.scope/job_7", None),
+        ("6:freezer:/slurm_n1/uid_0/job_7/step_12", "12"),
+    ],
+)
+def test_the_step_a_cgroup_names(path: str, step: str | None) -> None:
+    assert job_in_cgroup(path + "\n", 0) == JobRef("7", step)
+
+
+@pytest.mark.parametrize(
+    ("signal_to", "step", "argv"),
+    [
+        ("auto", "0", ("--signal=USR1", "7")),  # srun's tasks: never the batch script
+        ("auto", "batch", ("--signal=USR1", "--full", "7")),
+        ("auto", "extern", ("--signal=USR1", "--full", "7")),
+        ("auto", None, ("--signal=USR1", "--full", "7")),  # no cgroup (pidinfo)
+        ("full", "0", ("--signal=USR1", "--full", "7")),
+        ("batch", "0", ("--signal=USR1", "--batch", "7")),
+        ("steps", "batch", ("--signal=USR1", "7")),
+    ],
+)
+def test_where_a_checkpoint_signal_goes(
+    signal_to: str, step: str | None, argv: tuple[str, ...]
+) -> None:
+    slurm = Slurm(SlurmConfig.model_validate({"signal_to": signal_to}))
+    assert slurm.signal_argv("7", "SIGUSR1", step) == ("scancel", argv)
 
 
 def test_a_removed_cgroup_still_names_its_job() -> None:
@@ -160,17 +197,17 @@ def load(tmp_path: Path, text: str) -> config.Config:
 def test_the_slurm_config() -> None:
     cfg = config.load(ROOT / "config" / "gpuwarden.yaml")
     assert cfg.slurm == SlurmConfig()
-    assert (cfg.slurm.timeout, cfg.slurm.signal_to, cfg.slurm.fallback) == (15.0, "full", "signal")
+    assert (cfg.slurm.timeout, cfg.slurm.signal_to, cfg.slurm.fallback) == (15.0, "auto", "signal")
 
 
 def test_a_bad_slurm_config_is_refused_at_its_position(tmp_path: Path) -> None:
     with pytest.raises(InputError) as caught:
-        load(tmp_path, "slurm:\n  signal_to: steps\n  timeout: 0s\n")
+        load(tmp_path, "slurm:\n  signal_to: all\n  timeout: 0s\n")
     rendered = [
         p.render().removeprefix(f"{tmp_path / 'gpuwarden.yaml'}:") for p in caught.value.problems
     ]
     assert sorted(rendered) == [
-        "2:14: slurm.signal_to: input should be 'full' or 'batch' (got 'steps')",
+        "2:14: slurm.signal_to: input should be 'auto', 'full', 'batch' or 'steps' (got 'all')",
         "3:12: slurm.timeout: input should be greater than 0 (got 0.0)",
     ]
 
@@ -200,3 +237,43 @@ def test_requeue_and_via_in_a_playbook(tmp_path: Path) -> None:
         "6:21: rules.0.steps.1.kill.via: input should be 'auto', 'signal' or 'slurm' "
         "(got 'pigeon')",
     ]
+
+
+NEEDS_SLURM = """
+from tests.slurm_cluster import fixture_slurm, fixture_slurm_cluster  # noqa: F401
+
+
+def test_it(slurm):
+    assert slurm.state("1")
+"""
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_without_slurm_its_tests_skip_but_fail_under_ci(tmp_path: Path, ci: str) -> None:
+    test = tmp_path / "test_needs_slurm.py"
+    test.write_text(NEEDS_SLURM)
+    env = {
+        **os.environ,
+        "PATH": str(tmp_path / "no-slurm-here"),
+        "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "daemon"))),
+        "CI": ci,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(test)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Slurm is not installed here (sbatch, scontrol, scancel, squeue, sinfo not found)" in (
+        done.stdout
+    )
+    if ci:
+        assert done.returncode == 1
+        assert "1 error" in done.stdout
+        assert "(CI=true: the Slurm tests must run)" in done.stdout
+    else:
+        assert done.returncode == 0
+        assert "1 skipped" in done.stdout

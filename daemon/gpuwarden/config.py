@@ -347,8 +347,11 @@ class SlurmConfig(_Strict):
     With ``enabled`` and Slurm's commands installed, ``checkpoint``, ``suspend``, ``resume``,
     ``kill`` and ``requeue`` act on the whole job through ``scancel`` and ``scontrol``, so
     that Slurm knows what happened to it. ``signal_to`` is where a checkpoint signal goes:
-    ``full`` (the batch script and every step, with all their processes) or ``batch`` (the
-    batch script alone, for scripts that trap it). ``fallback`` says what a step with
+    ``full`` (``scancel --full``: the batch script and every step, with all their processes;
+    a batch script that does not trap the signal dies of it), ``batch`` (the batch script
+    alone), ``steps`` (the steps ``srun`` started, not the batch script) or ``auto``: ``steps``
+    for a process in a numbered step, ``full`` for one in the batch script's step or in a step
+    its cgroup does not name. ``fallback`` says what a step with
     ``via: auto`` does when slurmctld does not answer: ``signal`` the processes as if there
     were no Slurm, or ``fail`` (the step is journaled as failed)."""
 
@@ -356,7 +359,7 @@ class SlurmConfig(_Strict):
     bin_dir: Path | None = None  # where scontrol and scancel are (default: the PATH)
     conf: Path | None = None  # SLURM_CONF for the commands (default: Slurm's own)
     timeout: Seconds = Field(default=15.0, gt=0)  # each command
-    signal_to: Literal["full", "batch"] = "full"
+    signal_to: Literal["auto", "full", "batch", "steps"] = "auto"
     fallback: Literal["signal", "fail"] = "signal"
 
 

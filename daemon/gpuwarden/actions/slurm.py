@@ -30,11 +30,12 @@ from pathlib import Path
 from gpuwarden.config import SlurmConfig
 from gpuwarden.playbook.schema import SLURM_KINDS
 
-# The cgroup paths slurmstepd makes for a job's processes (anchored at the hierarchy's root).
-_V2_JOB = re.compile(
-    r"/(?:system\.slice/)?(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>[0-9]+)(?:/.*)?"
-)
-_V1_JOB = re.compile(r"/slurm(?:_[^/]+)?/uid_(?P<uid>[0-9]+)/job_(?P<job>[0-9]+)(?:/.*)?")
+# The cgroup paths slurmstepd makes for a job's processes (anchored at the hierarchy's root),
+# with the step the process belongs to (``batch``, ``extern``, ``0``, ``1``...) when named.
+_STEP = r"(?:/step_(?P<step>[a-z0-9]+))?(?:/.*)?"
+_V2_SCOPE = r"/(?:system\.slice/)?(?:[^/]+_)?slurmstepd\.scope"
+_V2_JOB = re.compile(_V2_SCOPE + r"/job_(?P<job>[0-9]+)" + _STEP)
+_V1_JOB = re.compile(r"/slurm(?:_[^/]+)?/uid_(?P<uid>[0-9]+)/job_(?P<job>[0-9]+)" + _STEP)
 _PIDINFO = re.compile(r"Slurm JobId=(?P<job>[0-9]+)\b")
 _FIELD = re.compile(r"(?:^|\s)(?P<key>[A-Za-z]+)=(?P<value>\S*)")
 _DELETED = " (deleted)"
@@ -43,21 +44,36 @@ STDERR_LIMIT = 2000
 COMMANDS = ("scontrol", "scancel")
 
 
-def job_from_cgroup(text: str, uid: int | None) -> str | None:
-    """The Slurm job id in the text of a ``/proc/PID/cgroup``, or None. A v1 path names the
-    job's owner too (``uid_U``): it must be ``uid`` (the process's real uid) to count."""
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """A Slurm job and, when the cgroup names it, the step the process runs in."""
+
+    job: str
+    step: str | None = None
+
+
+def job_in_cgroup(text: str, uid: int | None) -> JobRef | None:
+    """The Slurm job (and step) in the text of a ``/proc/PID/cgroup``, or None. A v1 path names
+    the job's owner too (``uid_U``): it must be ``uid`` (the process's real uid) to count."""
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3:
             continue
         path = fields[2].strip().removesuffix(_DELETED)
         found = _V2_JOB.fullmatch(path)
+        if found is None:
+            found = _V1_JOB.fullmatch(path)
+            if found is not None and (uid is None or int(found.group("uid")) != uid):
+                found = None
         if found is not None:
-            return found.group("job")
-        found = _V1_JOB.fullmatch(path)
-        if found is not None and uid is not None and int(found.group("uid")) == uid:
-            return found.group("job")
+            return JobRef(found.group("job"), found.group("step"))
     return None
+
+
+def job_from_cgroup(text: str, uid: int | None) -> str | None:
+    """The Slurm job id in the text of a ``/proc/PID/cgroup`` (``job_in_cgroup``), or None."""
+    ref = job_in_cgroup(text, uid)
+    return ref.job if ref is not None else None
 
 
 def job_from_pidinfo(stdout: str) -> str | None:
@@ -183,10 +199,17 @@ class Slurm:
 
     # -- actions ------------------------------------------------------------------------------
 
-    def signal_argv(self, job: str, signal_name: str) -> tuple[str, tuple[str, ...]]:
-        """``scancel --signal=USR1 --full JOB`` (or ``--batch``, as configured)."""
-        short = signal_name.removeprefix("SIG")
-        return "scancel", (f"--signal={short}", f"--{self.config.signal_to}", job)
+    def signal_argv(
+        self, job: str, signal_name: str, step: str | None = None
+    ) -> tuple[str, tuple[str, ...]]:
+        """``scancel --signal=USR1 --full JOB``, ``--batch``, or neither (the job's steps),
+        as ``signal_to`` says; ``auto``: the steps when the process runs in a numbered step
+        (launched by ``srun``), else ``--full``."""
+        mode = self.config.signal_to
+        if mode == "auto":
+            mode = "steps" if step is not None and step.isdigit() else "full"
+        flags = () if mode == "steps" else (f"--{mode}",)
+        return "scancel", (f"--signal={signal_name.removeprefix('SIG')}", *flags, job)
 
     @staticmethod
     def suspend_argv(job: str) -> tuple[str, tuple[str, ...]]:

@@ -27,7 +27,7 @@ import psutil
 
 from gpuwarden.actions.base import Context
 from gpuwarden.actions.pin import Gone, PinError, Pinned, pin
-from gpuwarden.actions.slurm import Ran, Slurm, job_from_cgroup
+from gpuwarden.actions.slurm import JobRef, Ran, Slurm, job_in_cgroup
 from gpuwarden.model import Target, TargetResult, Undo
 from gpuwarden.playbook.schema import KillParams
 
@@ -64,8 +64,8 @@ def joined(*parts: str) -> str:
 
 
 def with_note(result: TargetResult, note: str) -> TargetResult:
-    """``result`` with ``note`` (how the step reached it) added to its detail."""
-    return replace(result, detail=joined(result.detail, note)) if note else result
+    """``result`` with ``note`` (how the step reached it) put first in its detail."""
+    return replace(result, detail=joined(note, result.detail)) if note else result
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +75,10 @@ class Route:
 
     job: str | None
     note: str = ""
+    step: str | None = None  # the job step the process runs in, when its cgroup says
 
 
-def read_job(slurm: Slurm | None, pinned: Pinned, *, ask: bool) -> str | None:
+def read_job(slurm: Slurm | None, pinned: Pinned, *, ask: bool) -> JobRef | None:
     """The Slurm job of the pinned process: from its cgroup, else (``ask``) from slurmd."""
     try:
         uid = psutil.Process(pinned.pid).uids().real
@@ -86,11 +87,12 @@ def read_job(slurm: Slurm | None, pinned: Pinned, *, ask: bool) -> str | None:
     except (OSError, psutil.Error):
         text, uid = "", None
     pinned.verify()  # what was read is the pinned process's own
-    job = job_from_cgroup(text, uid)
-    if job is None and ask and slurm is not None and slurm.missing is None:
+    found = job_in_cgroup(text, uid)
+    if found is None and ask and slurm is not None and slurm.missing is None:
         job = slurm.pidinfo(pinned.pid)
         pinned.verify()
-    return job
+        found = JobRef(job) if job is not None else None
+    return found
 
 
 @dataclass
@@ -129,11 +131,12 @@ class Router:
                 why = "Slurm is turned off in the config" if slurm is None else slurm.missing
                 raise NotSlurmJob(target.pid, f"{needs}, but {why}")
             return Route(None)
-        job = read_job(slurm, pinned, ask=self.only_slurm or target.slurm_job is not None)
-        if job is None:
+        found = read_job(slurm, pinned, ask=self.only_slurm or target.slurm_job is not None)
+        if found is None:
             if self.only_slurm:
                 raise NotSlurmJob(target.pid, f"{needs}, but the process is in no Slurm job")
             return Route(None)
+        job = found.job
         if self._reachable is None:
             self._reachable = slurm.ping()
         if not self._reachable.ok:
@@ -143,7 +146,7 @@ class Router:
                 self.notes[target.pid] = note
                 return Route(None, note)
             raise SlurmUnreachable(target.pid, f"job {job}: {down}")
-        return Route(job)
+        return Route(job, step=found.step)
 
     def noted(self, target: Target, result: TargetResult) -> TargetResult:
         """A result reached by signals, with why it was not through Slurm (when it was
@@ -176,14 +179,14 @@ class Router:
             pinned.send(signal.Signals[name])
             return route.note
         assert self.slurm is not None
-        ran = self.once(self.slurm.signal_argv(route.job, name), pinned.pid)
+        ran = self.once(self.slurm.signal_argv(route.job, name, route.step), pinned.pid)
         return f"via slurm: {ran.command}"
 
     def would_signal(self, route: Route, name: str) -> str:
         if route.job is None:
             return route.note
         assert self.slurm is not None
-        return f"via slurm: {self.shown(self.slurm.signal_argv(route.job, name))}"
+        return f"via slurm: {self.shown(self.slurm.signal_argv(route.job, name, route.step))}"
 
     def suspend(
         self, target: Target, *, resume_on_resolve: bool, dry: bool
