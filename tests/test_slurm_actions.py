@@ -83,6 +83,9 @@ def test_a_process_srun_started_gets_the_signal_and_the_batch_script_is_spared(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     job = slurm.submit(tmp_path, srun=True)  # bash, untrapped, waits for srun's step 0
+    pid = job.pid()
+    assert pid is not None
+    assert Slurm(slurm.config()).step_of(job.id, pid) == "0"  # as its cgroup says, if any
     step = intent("checkpoint", of(job), params=CheckpointParams(wait=20))
     outcome = checkpoint.execute(step, ctx(slurm))  # signal_to: auto
     assert states(outcome) == ["acknowledged"], outcome.detail
@@ -193,10 +196,12 @@ def test_the_job_is_found_and_a_dry_run_says_the_command_and_leaves_it_alone(
     job = slurm.submit(tmp_path)
     pid = job.pid()
     assert pid is not None
-    assert Slurm(slurm.config()).pidinfo(pid) == job.id  # slurmd's answer, whatever tracks it
+    control = Slurm(slurm.config())
+    assert control.pidinfo(pid) == job.id  # slurmd's answer, whatever tracks the processes
+    assert control.step_of(job.id, pid) == "batch"
     in_cgroup = job_from_cgroup(Path(f"/proc/{pid}/cgroup").read_text(), os.geteuid())
     assert in_cgroup == (job.id if slurm.proctrack == "cgroup" else None)
-    assert Slurm(slurm.config()).pidinfo(os.getpid()) is None  # pytest is in no job
+    assert control.pidinfo(os.getpid()) is None  # pytest is in no job
     context = ctx(slurm, dry_run=True)
     target = of(job)
     said = [

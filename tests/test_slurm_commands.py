@@ -20,6 +20,7 @@ from gpuwarden.actions.slurm import (
     job_from_cgroup,
     job_from_pidinfo,
     job_in_cgroup,
+    step_in_listpids,
     via_for,
 )
 from gpuwarden.config import SlurmConfig
@@ -99,6 +100,20 @@ def test_where_a_checkpoint_signal_goes(
 def test_a_removed_cgroup_still_names_its_job() -> None:
     text = "0::/system.slice/slurmstepd.scope/job_7001/step_0/user/task_0 (deleted)\n"
     assert job_from_cgroup(text, 0) == "7001"
+
+
+LISTPIDS = """PID      JOBID    STEPID   LOCALID GLOBALID
+1369     498999   0        0       0
+1352     498999   batch    0       0
+1353     498999   batch    -       -
+"""
+
+
+def test_the_step_slurmd_lists_for_a_pid() -> None:
+    assert step_in_listpids(LISTPIDS, "498999", 1369) == "0"
+    assert step_in_listpids(LISTPIDS, "498999", 1353) == "batch"
+    assert step_in_listpids(LISTPIDS, "498999", 136) is None
+    assert step_in_listpids(LISTPIDS, "49899", 1369) is None
 
 
 def test_what_scontrol_answers() -> None:

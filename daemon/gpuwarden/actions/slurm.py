@@ -82,6 +82,15 @@ def job_from_pidinfo(stdout: str) -> str | None:
     return found.group("job") if found is not None else None
 
 
+def step_in_listpids(stdout: str, job: str, pid: int) -> str | None:
+    """The STEPID of ``pid`` in ``scontrol listpids JOB``'s table (``PID JOBID STEPID ...``)."""
+    for line in stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] == str(pid) and fields[1] == job:
+            return fields[2]
+    return None
+
+
 def job_fields(stdout: str) -> dict[str, str]:
     """``scontrol show job -o``'s one line as a mapping (``JobState`` -> ``RUNNING``...)."""
     return {m.group("key"): m.group("value") for m in _FIELD.finditer(stdout)}
@@ -191,6 +200,12 @@ class Slurm:
         """The job slurmd says ``pid`` belongs to, or None."""
         ran = self.run("scontrol", "pidinfo", str(pid))
         return job_from_pidinfo(ran.stdout) if ran.ok else None
+
+    def step_of(self, job: str, pid: int) -> str | None:
+        """The step of ``job`` that ``pid`` runs in, from ``scontrol listpids JOB`` (slurmd's
+        answer; for a process whose cgroup does not name its step)."""
+        ran = self.run("scontrol", "listpids", job)
+        return step_in_listpids(ran.stdout, job, pid) if ran.ok else None
 
     def show_job(self, job: str) -> dict[str, str] | None:
         """``scontrol show job -o JOB`` as fields, None when Slurm does not answer."""

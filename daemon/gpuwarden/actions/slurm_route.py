@@ -79,7 +79,8 @@ class Route:
 
 
 def read_job(slurm: Slurm | None, pinned: Pinned, *, ask: bool) -> JobRef | None:
-    """The Slurm job of the pinned process: from its cgroup, else (``ask``) from slurmd."""
+    """The Slurm job (and step) of the pinned process: from its cgroup, else (``ask``) from
+    slurmd (``scontrol pidinfo``, then ``scontrol listpids`` for the step)."""
     try:
         uid = psutil.Process(pinned.pid).uids().real
         with open(f"{_PROC}/{pinned.pid}/cgroup", encoding="utf-8", errors="replace") as f:
@@ -90,8 +91,9 @@ def read_job(slurm: Slurm | None, pinned: Pinned, *, ask: bool) -> JobRef | None
     found = job_in_cgroup(text, uid)
     if found is None and ask and slurm is not None and slurm.missing is None:
         job = slurm.pidinfo(pinned.pid)
+        if job is not None:
+            found = JobRef(job, slurm.step_of(job, pinned.pid))
         pinned.verify()
-        found = JobRef(job) if job is not None else None
     return found
 
 
