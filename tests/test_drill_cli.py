@@ -62,6 +62,54 @@ def test_drill_uses_the_checkouts_playbooks_when_none_are_installed(tmp_path: Pa
     assert result.stdout.splitlines()[-3].startswith(f"summary: {SCENARIO}: 9 rule(s)")
 
 
+SLURM_LADDER = """
+rules:
+  - name: make-room
+    when: gpu.memory.used_pct >= 95
+    for: 30s
+    until: gpu.memory.used_pct < 85
+    steps:
+      - checkpoint: {select: process.checkpointable}
+      - after: 1m
+        suspend: {select: process.priority <= low, via: signal}
+      - after: 2m
+        requeue: {select: process.priority <= low, hold: true}
+      - after: 2m
+        kill: {select: process.priority <= low}
+"""
+
+
+def test_a_drill_shows_via_slurm_on_steps_whose_targets_are_slurm_jobs(tmp_path: Path) -> None:
+    # The trainer runs in Slurm job 48213 (the scenario says so); the sweep is in no job.
+    playbook = tmp_path / "make-room.yaml"
+    playbook.write_text(SLURM_LADDER)
+    args = ("drill", SCENARIO, "--config", "config/gpuwarden.yaml", "--playbooks", str(playbook))
+    result = gpuwarden(*args)
+    assert result.returncode == 0, result.stderr
+    steps = [line.split("STEP ", 1)[1] for line in result.stdout.splitlines() if "STEP " in line]
+    assert steps == [
+        "checkpoint → pid 4195304 (trainer) alice/high, 52000 MiB via slurm job 48213",
+        "suspend → pid 4195305 (sweep) bob/low, 28900 MiB",  # via: signal
+        "requeue → nobody (no candidates)",  # the sweep is in no Slurm job: skipped
+        "kill → pid 4195305 (sweep) bob/low, 28900 MiB",  # in no job: a signal
+    ]
+    assert "skip pid 4195305 (sweep) bob/low, 28900 MiB: not slurm job" in result.stdout
+    records = [json.loads(line) for line in gpuwarden(*args, "--json").stdout.splitlines()]
+    [checkpoint] = [r for r in records if r.get("step") == "checkpoint" and r["kind"] == "step"]
+    assert (
+        checkpoint["targets"][0] | {"via": "slurm", "slurm_job": "48213"}
+        == (checkpoint["targets"][0])
+    )
+    off = tmp_path / "off.yaml"
+    off.write_text(
+        (ROOT / "config" / "gpuwarden.yaml")
+        .read_text()
+        .replace("  enabled: true", "  enabled: false", 1)
+    )
+    quiet = gpuwarden("drill", SCENARIO, "--config", str(off), "--playbooks", str(playbook))
+    assert "via slurm" not in quiet.stdout  # slurm.enabled: false: plain signals
+
+
 def test_drill_touches_nothing_outside(tmp_path: Path) -> None:
     before = set(os.listdir("/proc"))
     result = gpuwarden("drill", SCENARIO, "--config", "config/gpuwarden.yaml", "--json")

@@ -23,7 +23,7 @@ from gpuwarden.playbook import loader
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "playbooks"
 CONFIG = config.load(ROOT / "config" / "gpuwarden.yaml")
-KINDS = "notify, checkpoint, suspend, resume, renice, kill, power_cap, exec, provision"
+KINDS = "notify, checkpoint, suspend, resume, renice, kill, requeue, power_cap, exec, provision"
 KILL_SIGNALS = "SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2"
 CHECKPOINT_SIGNALS = (
     "SIGALRM, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH"

@@ -100,6 +100,11 @@ SKIPS: list[tuple[str, str, dict[str, Any], Reason | None]] = [
     ("checkpoint: opted in", "checkpoint: {}", {"checkpoint_signal": "SIGUSR2"}, None),
     ("checkpoint with its own signal", "checkpoint: {signal: SIGUSR1}", {}, None),
     ("kill needs no opt-in", "kill: {select: not process.checkpointable}", {}, None),
+    ("requeue: in no Slurm job", "requeue: {}", {}, Reason.NOT_SLURM_JOB),
+    ("requeue: a Slurm job", "requeue: {}", {"slurm_job": "7001"}, None),
+    ("via slurm: in no Slurm job", "suspend: {via: slurm}", {}, Reason.NOT_SLURM_JOB),
+    ("via slurm: a Slurm job", "kill: {via: slurm}", {"slurm_job": "7001"}, None),
+    ("via auto: in no Slurm job", "kill: {via: auto}", {}, None),
 ]
 
 
@@ -151,6 +156,11 @@ def test_a_target_carries_what_executors_need(tmp_path: Path) -> None:
         uid=1000,
         ack_dir=None,
     )
+
+
+def test_a_target_carries_its_slurm_job(tmp_path: Path) -> None:
+    (target,) = plan(compiled_step(tmp_path, "kill: {}"), [proc(4242, slurm_job="7001")]).targets
+    assert target.slurm_job == "7001"
 
 
 # -- order and limit ---------------------------------------------------------------------------
@@ -420,6 +430,15 @@ def test_a_killed_process_is_skipped_by_later_incidents_but_not_its_pid_successo
     (third,) = intents(engine, reborn, at=40)
     assert chosen(third) == [10]
     assert third.targets[0].create_time == T0 + 25
+
+
+def test_a_requeued_process_is_skipped_by_later_incidents(tmp_path: Path) -> None:
+    engine = engine_with(tmp_path, "- requeue: {}")
+    victim = proc(10, slurm_job="7001")
+    assert chosen(intents(engine, victim)[0]) == [10]
+    intents(engine, victim, states=(gpu(0, 50),), at=10)
+    (again,) = intents(engine, victim, at=20)
+    assert skipped(again) == [(10, Reason.ALREADY_TARGETED)]
 
 
 def test_a_process_rule_acts_on_its_process_only(tmp_path: Path) -> None:

@@ -339,7 +339,7 @@ class Limit(_Strict):
 
 
 class Safety(_Strict):
-    """Rails for destructive steps (suspend, kill, power_cap, exec, provision).
+    """Rails for destructive steps (suspend, kill, requeue, power_cap, exec, provision).
 
     ``per_rule`` and ``overall`` trim a step that would exceed them to the processes they have
     room for, in the planned order, and refuse it when there is none. Only actions carried
@@ -353,6 +353,28 @@ class Safety(_Strict):
     restore_on_exit: bool = True  # resume suspended jobs, restore nice and power at shutdown
     workers: int = Field(default=4, ge=1, le=64)  # steps running at once
     shutdown_grace: Seconds = 10.0  # how long a stop waits for running steps
+
+
+class SlurmConfig(_Strict):
+    """How steps act on a process that belongs to a Slurm job (docs/fleet.md, "Slurm").
+
+    With ``enabled`` and Slurm's commands installed, ``checkpoint``, ``suspend``, ``resume``,
+    ``kill`` and ``requeue`` act on the whole job through ``scancel`` and ``scontrol``, so
+    that Slurm knows what happened to it. ``signal_to`` is where a checkpoint signal goes:
+    ``full`` (``scancel --full``: the batch script and every step, with all their processes;
+    a batch script that does not trap the signal dies of it), ``batch`` (the batch script
+    alone), ``steps`` (the steps ``srun`` started, not the batch script) or ``auto``: ``steps``
+    for a process in a numbered step, ``full`` for one in the batch script's step or in a step
+    its cgroup does not name. ``fallback`` says what a step with
+    ``via: auto`` does when slurmctld does not answer: ``signal`` the processes as if there
+    were no Slurm, or ``fail`` (the step is journaled as failed)."""
+
+    enabled: bool = True
+    bin_dir: Path | None = None  # where scontrol and scancel are (default: the PATH)
+    conf: Path | None = None  # SLURM_CONF for the commands (default: Slurm's own)
+    timeout: Seconds = Field(default=15.0, gt=0)  # each command
+    signal_to: Literal["auto", "full", "batch", "steps"] = "auto"
+    fallback: Literal["signal", "fail"] = "signal"
 
 
 class MetricsConfig(_Strict):
@@ -395,6 +417,7 @@ class Config(_Strict):
     protected: Protected = Protected()
     notify: Notify = Notify()
     cloud: Cloud = Cloud()
+    slurm: SlurmConfig = SlurmConfig()
     safety: Safety = Safety()
     metrics: MetricsConfig = MetricsConfig()
     reload: ReloadConfig = ReloadConfig()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden.actions import registry
 from gpuwarden.actions.base import Context, PowerControl
+from gpuwarden.actions.slurm import Slurm
 from gpuwarden.clock import Clock
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
@@ -96,6 +97,7 @@ class Dispatcher:
         metrics: Metrics | None = None,
         config: Config | None = None,
         self_pid: int | None = None,
+        slurm: Slurm | None = None,
     ) -> None:
         self.journal = journal
         self.engine = engine
@@ -118,6 +120,7 @@ class Dispatcher:
         self.exec_group: str | None = None
         if config is not None:
             self.configure(config)
+        self.slurm = slurm  # Slurm's commands, for steps on Slurm jobs (replaced on reload)
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
         self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
         self._running: dict[str, Future[None]] = {}
@@ -169,6 +172,7 @@ class Dispatcher:
             cancel=self.cancel,
             power=self.power,
             cloud=self.cloud,
+            slurm=self.slurm,
             facts=self._facts(runs),
             still_needed=self._still_needed(runs) if intent.kind == "kill" else None,
             ack_spool=self.ack_spool,
@@ -297,6 +301,7 @@ class Dispatcher:
             host=self.host,
             cancel=threading.Event(),
             power=self.power,
+            slurm=self.slurm,
         )
         try:
             result = registry.undoer(undo.kind)(undo, ctx)

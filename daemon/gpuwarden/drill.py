@@ -7,7 +7,9 @@ Nothing outside the process is touched: no job is spawned, signalled or killed, 
 notified, no cloud API is called. Each intent is completed at once with a simulated outcome, and
 a kill makes its targets leave the scenario's later snapshots, so the drill shows what the
 ladder would lead to. A provision step shows what its cloud profile would launch and what that
-costs per hour, worked out from the config alone (``gpuwarden.cloud.plan``).
+costs per hour, worked out from the config alone (``gpuwarden.cloud.plan``). A step that would
+act on a target's Slurm job through Slurm says so (``via slurm job N``), from the job the
+scenario gives the process and the config's ``slurm``.
 
 ``notify`` (``drill --notify``) really delivers the messages, marked ``[DRILL]``; ``cloud``
 (``drill --cloud``) asks EC2 about each provision step with ``DryRun=True``, which checks the
@@ -23,12 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.actions import slurm
 from gpuwarden.clock import SimClock
 from gpuwarden.cloud import plan
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.model import Intent, Outcome, RuleChange, Snapshot, Target
 from gpuwarden.playbook.loader import PlaybookSet
+from gpuwarden.playbook.schema import ENDING_KINDS
 from gpuwarden.sources.select import Options, SourceSpec, open_source
 
 # What a drill needs of its source: a ScenarioSource or an SmiCsvSource (maybe with events).
@@ -100,6 +104,11 @@ def _step_record(intent: Intent, t: float, source: DrillSource, config: Config) 
         "reason": str(intent.reason),
     }
     params = intent.params
+    via = getattr(params, "via", None)
+    for target, shown in zip(intent.targets, record["targets"], strict=True):
+        if slurm.via_for(intent.kind, via, target.slurm_job, config.slurm.enabled) == "slurm":
+            shown["via"] = "slurm"
+            shown["slurm_job"] = target.slurm_job
     if intent.kind == "notify":
         record["notify"] = list(getattr(params, "targets", ()))
     elif intent.kind == "power_cap":
@@ -235,7 +244,7 @@ def run(
                     }
                 summary.steps[intent.kind] = summary.steps.get(intent.kind, 0) + 1
                 summary.targets.update(x.pid for x in intent.targets)
-                if intent.kind == "kill" and not intent.shadow:
+                if intent.kind in ENDING_KINDS and not intent.shadow:
                     for target in intent.targets:
                         source.vanish(target.pid)
                 outcome = Outcome(ok=True, dry_run=True, detail="drill: simulated")
@@ -315,7 +324,9 @@ def _who(target: dict[str, Any]) -> str:
     job = f" ({target['job']})" if target.get("job") else ""
     mib = target.get("gpu_memory_mib")
     memory = f", {mib} MiB" if mib is not None else ""
-    return f"pid {target['pid']}{job} {target.get('user') or '?'}/{target['priority']}{memory}"
+    via = f" via slurm job {target.get('slurm_job')}" if target.get("via") == "slurm" else ""
+    who = f"{target.get('user') or '?'}/{target['priority']}"
+    return f"pid {target['pid']}{job} {who}{memory}{via}"
 
 
 def render_record(record: dict[str, Any]) -> str:

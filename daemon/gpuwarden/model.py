@@ -276,6 +276,7 @@ class Reason(enum.StrEnum):
     FREE_UNTIL_MET = "free_until_met"  # the projected state already satisfies `free_until`
     NO_CANDIDATES = "no_candidates"  # the step found nothing to act on
     NOT_CHECKPOINTABLE = "not_checkpointable"  # the job did not opt in to checkpoints
+    NOT_SLURM_JOB = "not_slurm_job"  # a step that acts only through Slurm; no job to act on
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +295,7 @@ class Target:
     # The job's GPUWARDEN_ACK_DIR: never read from (acks are read in the daemon's spool only),
     # it explains a checkpoint that timed out.
     ack_dir: str | None = None
+    slurm_job: str | None = None  # the Slurm job it was seen in when planned (executors re-read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,13 +354,14 @@ class TargetResult:
 @dataclass(frozen=True, slots=True)
 class Undo:
     """Something to put back when the incident resolves or the daemon stops: resume a
-    suspended job, restore a nice value, restore a power limit. Kept in the journal."""
+    suspended job (a process with SIGCONT, or a Slurm job with ``scontrol resume``), restore a
+    nice value, restore a power limit. Kept in the journal."""
 
-    kind: str  # "resume" | "renice" | "power_limit"
+    kind: str  # "resume" | "slurm_resume" | "renice" | "power_limit"
     pid: int | None = None
     create_time: float | None = None
     gpu: int | None = None
-    value: float | int | None = None  # the nice value or the power limit (W) to restore
+    value: float | int | None = None  # the nice value, the power limit (W), the Slurm job id
     ionice: str | None = None  # the I/O class to restore ("best-effort:4", "idle", ...)
 
 

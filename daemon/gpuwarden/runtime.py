@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.actions.base import PowerControl
+from gpuwarden.actions.slurm import Slurm
 from gpuwarden.clock import Clock, ScaledClock, SystemClock
 from gpuwarden.cloud.rounds import Rounds, reaped_notes
 from gpuwarden.config import Config
@@ -98,6 +99,7 @@ class Runtime:
             metrics=metrics,
             config=config,
             self_pid=self_pid,
+            slurm=Slurm.from_config(config.slurm),
         )
 
     @property
@@ -339,6 +341,7 @@ class Runtime:
             self.steps.rails.update(result.config.safety)  # keeps the room reserved
             self.steps.dry_run = self._forced_dry_run or result.config.dry_run
             self.steps.configure(result.config)
+            self.steps.slurm = Slurm.from_config(result.config.slurm)
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from gpuwarden.config import Safety
 from gpuwarden.model import Intent, Outcome, Target, TargetResult
-from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS
+from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS, SELECTING_KINDS
 from gpuwarden.units import format_duration
 
 # Per-target states that mean something was done to the process (``would``: in a dry run,
@@ -102,7 +102,7 @@ class Rails:
         """Let a step run whole, trimmed to the room left, or not at all. Only destructive,
         non-shadow steps with something to act on are limited; room is reserved for a step
         admitted until ``finish``."""
-        if not destructive(intent) or (intent.kind in ("suspend", "kill") and not intent.targets):
+        if not destructive(intent) or (intent.kind in SELECTING_KINDS and not intent.targets):
             return Admission(intent)
         if self.log.breaker() is not None:
             return Admission(

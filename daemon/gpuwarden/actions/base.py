@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuwarden.actions.slurm import Slurm
 from gpuwarden.clock import Clock
 from gpuwarden.model import Intent, Outcome, TargetResult
 
@@ -77,6 +78,7 @@ class Context:
     # as_root: true. None: as the daemon itself (drills, and tests of the executor alone).
     exec_user: str | None = None
     exec_group: str | None = None
+    slurm: Slurm | None = None  # Slurm's commands (the config's ``slurm``), None when turned off
 
     def wait(self, seconds: float) -> bool:
         """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""

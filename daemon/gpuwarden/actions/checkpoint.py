@@ -29,6 +29,7 @@ from gpuwarden.actions import spool
 from gpuwarden.actions.base import Context, log_action, summarise
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import PinError, Pinned, pin
+from gpuwarden.actions.slurm_route import Router, joined, with_note
 from gpuwarden.model import Intent, Outcome, Target, TargetResult
 from gpuwarden.playbook.schema import CheckpointParams
 
@@ -162,6 +163,8 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
     results: dict[int, TargetResult] = {}
     signals: dict[int, str] = {}
     root = spool_root(ctx)
+    notes: dict[int, str] = {}  # how the signal went (through Slurm, or why not)
+    router = Router(ctx, params.via, "checkpoint")
     with ExitStack() as stack:
         waiting: list[_Waiting] = []
         root_fd: int | None = None
@@ -183,13 +186,15 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
                 if root_fd is None:
                     raise spool.SpoolError(unusable)
                 ack = _locate(target, pinned, root, root_fd, stack)
+                route = router.route(target, pinned)
                 if dry:
-                    plan = f"send {name}, wait up to {params.wait:g}s for {ack.shown}/{ack.name}"
+                    how = joined(f"send {name}", router.would_signal(route, name))
+                    plan = f"{how}, wait up to {params.wait:g}s for {ack.shown}/{ack.name}"
                     results[index] = _result(target, True, "would", plan)
                     continue
                 spool.clear(ack.dir_fd, ack.name)
                 stopped = pinned.status() == psutil.STATUS_STOPPED
-                pinned.send(job.signal_from_name(name))
+                notes[index] = router.send_signal(route, pinned, name)
             except PinError as err:
                 results[index] = err.result(target)
                 continue
@@ -201,7 +206,7 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
                 continue
             waiting.append(_Waiting(index, target, pinned, ack, stopped))
         results.update(_wait(waiting, params.wait, ctx, root))
-    ordered = [results[i] for i in range(len(intent.targets))]
+    ordered = [with_note(results[i], notes.get(i, "")) for i in range(len(intent.targets))]
     for index, (target, result) in enumerate(zip(intent.targets, ordered, strict=True)):
         log_action(
             intent,

@@ -38,6 +38,7 @@ from gpuwarden import job
 from gpuwarden.actions.base import Context, log_action, summarise
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import Gone, PinError, Pinned, pin, pin_pid
+from gpuwarden.actions.slurm_route import Router
 from gpuwarden.model import Intent, Outcome, Target, TargetResult
 from gpuwarden.playbook.schema import KillParams
 
@@ -282,12 +283,14 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
     results: list[TargetResult] = []
     rest: tuple[str, bool, str] | None = None
     last = len(intent.targets) - 1
+    router = Router(ctx, params.via, "kill")  # a Slurm job's process: scancel (slurm_route)
     for index, target in enumerate(intent.targets):
         if rest is not None:
             result = _result(target, rest[1], rest[0], rest[2])
         else:
             try:
-                result = _kill(target, params, sig, ctx, dry)
+                via_slurm = router.kill(target, params, sig, dry)
+                result = via_slurm or router.noted(target, _kill(target, params, sig, ctx, dry))
             except PinError as err:
                 result = err.result(target)
             except (OSError, psutil.Error) as err:

@@ -15,12 +15,18 @@ MODULES = {
     "resume": "resume",
     "renice": "renice",
     "kill": "kill",
+    "requeue": "requeue",
     "power_cap": "power_cap",
     "exec": "exec_",
     "provision": "provision",
 }
 # What puts an Undo back, by its kind.
-UNDO_MODULES = {"resume": "resume", "renice": "renice", "power_limit": "power_cap"}
+UNDO_MODULES = {
+    "resume": "resume",
+    "slurm_resume": "resume",
+    "renice": "renice",
+    "power_limit": "power_cap",
+}
 
 
 def executor(kind: str) -> Callable[[Intent, Context], Outcome]:

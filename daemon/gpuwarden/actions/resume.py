@@ -14,6 +14,7 @@ from gpuwarden.actions.base import Context, log, log_action, safe, summarise
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.each import wrong_params
 from gpuwarden.actions.pin import PinError, pin
+from gpuwarden.actions.slurm_route import Router, undo_resume
 from gpuwarden.actions.suspend import wait_for_status
 from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
 from gpuwarden.playbook.schema import ResumeParams
@@ -41,13 +42,21 @@ def resume_target(target: Target, ctx: Context, dry: bool) -> TargetResult:
 
 
 def execute(intent: Intent, ctx: Context) -> Outcome:
-    """SIGCONT each target."""
+    """SIGCONT each target (a Slurm job's: ``scontrol resume``, see ``slurm_route``)."""
     dry = ctx.dry_run or intent.shadow
-    if intent.params is not None and not isinstance(intent.params, ResumeParams):
+    params = ResumeParams() if intent.params is None else intent.params
+    if not isinstance(params, ResumeParams):
         return wrong_params(intent, ctx, "resume", ResumeParams)
+    router = Router(ctx, params.via, "resume")
     results = []
     for target in intent.targets:
-        result = resume_target(target, ctx, dry)
+        try:
+            via_slurm = router.resume(target, dry=dry)
+            result = via_slurm or router.noted(target, resume_target(target, ctx, dry))
+        except PinError as err:
+            result = err.result(target)
+        except (OSError, psutil.Error) as err:
+            result = _result(target, False, "error", str(err))
         results.append(result)
         log_action(
             intent, ctx, result, signal="SIGCONT", user=target.user or "-", cmd=target.command
@@ -84,9 +93,12 @@ def log_undo(u: Undo, ctx: Context, result: TargetResult) -> None:
 
 
 def undo(u: Undo, ctx: Context) -> TargetResult:
-    """Resume a job a ``suspend`` stopped (``Undo(kind="resume")``)."""
+    """Resume a job a ``suspend`` stopped: ``Undo(kind="resume")`` with SIGCONT,
+    ``Undo(kind="slurm_resume")`` with ``scontrol resume``."""
     target = undo_target(u)
-    if u.kind != "resume" or target is None:
+    if u.kind == "slurm_resume":
+        result = undo_resume(u, ctx)
+    elif u.kind != "resume" or target is None:
         result = TargetResult(
             u.pid or 0, u.create_time, ok=False, state="invalid", detail=f"not a resume: {u}"
         )

@@ -7,6 +7,9 @@ applies when the incident resolves and when the daemon shuts down.
 
 A process that was already stopped (someone pressed Ctrl-Z, a debugger holds it) is left alone
 and is not resumed later: gpuwarden only undoes what it did.
+
+A process in a Slurm job is suspended with its whole job by ``scontrol suspend`` (see
+``actions.slurm_route``), and the undo is ``Undo(kind="slurm_resume")``, one per job.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from gpuwarden.actions.base import Context
 from gpuwarden.actions.each import act_on_each, wrong_params
 from gpuwarden.actions.each import result as _result
 from gpuwarden.actions.pin import Pinned, pin
+from gpuwarden.actions.slurm_route import Router
 from gpuwarden.model import Intent, Outcome, Target, TargetResult, Undo
 from gpuwarden.playbook.schema import SuspendParams
 
@@ -65,16 +69,26 @@ def _suspend(
     return _result(target, True, "suspended", detail), undo
 
 
+def _noted(
+    router: Router, target: Target, done: tuple[TargetResult, Undo | None]
+) -> tuple[TargetResult, Undo | None]:
+    return router.noted(target, done[0]), done[1]
+
+
 def execute(intent: Intent, ctx: Context) -> Outcome:
     """SIGSTOP each target and verify it stopped; an Undo resumes it later."""
     dry = ctx.dry_run or intent.shadow
     params = SuspendParams() if intent.params is None else intent.params
     if not isinstance(params, SuspendParams):
         return wrong_params(intent, ctx, "suspend", SuspendParams)
+    router = Router(ctx, params.via, "suspend")  # a Slurm job: scontrol suspend (slurm_route)
     return act_on_each(
         intent,
         ctx,
         "suspend",
-        lambda target: _suspend(target, params, ctx, dry),
+        lambda target: (
+            router.suspend(target, resume_on_resolve=params.resume_on_resolve, dry=dry)
+            or _noted(router, target, _suspend(target, params, ctx, dry))
+        ),
         lambda target: {"signal": "SIGSTOP", "user": target.user or "-", "cmd": target.command},
     )

@@ -22,7 +22,7 @@ from gpuwarden.engine.planner import Env, Planner, candidates, process_env, proj
 from gpuwarden.engine.scopes import Scope
 from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Transition
 from gpuwarden.playbook.loader import CompiledRule, CompiledStep
-from gpuwarden.playbook.schema import SELECTING_KINDS
+from gpuwarden.playbook.schema import ENDING_KINDS, SELECTING_KINDS
 
 __all__ = ["Env", "Ladder", "Records", "ladder_done"]
 
@@ -41,7 +41,7 @@ class Ladder:
         self.planner = planner  # replaced with the config (Engine.replace)
         # intent id -> (its incident, its step index, the intent), until ``complete``
         self.in_flight: dict[str, tuple[Incident, int, Intent]] = {}
-        # (pid, start time) of every process a non-shadow kill step chose
+        # (pid, start time) of every process a non-shadow kill (or requeue) step chose
         self.killed: set[tuple[int, float | None]] = set()
         self.acked: set[str] = set()  # incident ids a person took over
 
@@ -53,9 +53,9 @@ class Ladder:
         incident, index, intent = found
         incident.running.pop(index, None)
         incident.finished.add(index)
-        if intent.kind == "kill" and not outcome.ok:
-            # A target the kill did not end (it failed, or the rails left it out) is still
-            # there: later steps may choose it.
+        if intent.kind in ENDING_KINDS and not outcome.ok:
+            # A target a kill (or requeue) did not end (it failed, or the rails left it out)
+            # is still there: later steps may choose it.
             ended = {(r.pid, r.create_time) for r in outcome.targets if r.ok}
             for target in intent.targets:
                 if (target.pid, target.create_time) not in ended:
@@ -157,6 +157,6 @@ class Ladder:
         )
         for target in plan.targets:
             incident.targeted.add((step.kind, target.pid, target.create_time))
-            if step.kind == "kill" and not incident.shadow:
+            if step.kind in ENDING_KINDS and not incident.shadow:
                 self.killed.add((target.pid, target.create_time))
         return replace(intent, reason=plan.reason, targets=plan.targets, skipped=plan.skipped)

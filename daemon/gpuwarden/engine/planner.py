@@ -3,7 +3,8 @@
 1. Candidates come from the incident's scope (the processes on its GPU, the process itself,
    or, for host and event rules, every process).
 2. Each is dropped with a reason when ``select`` is false for it, or when it is orphaned,
-   protected, a zombie, already targeted by such a step, or (checkpoint) not opted in.
+   protected, a zombie, already targeted by such a step, (checkpoint) not opted in, or (requeue,
+   and any step with ``via: slurm``) in no Slurm job.
 3. The rest are ordered (default: lowest priority first, then most GPU memory, then youngest)
    and taken one by one until ``limit`` is reached or ``free_until`` holds on the projected
    state — the snapshot with the memory of the processes chosen so far freed, on the GPUs
@@ -28,7 +29,7 @@ from gpuwarden.engine.scopes import Scope
 from gpuwarden.model import GpuProcess, GpuState, Memory, Reason, Skipped, Target
 from gpuwarden.playbook.fields import HostView
 from gpuwarden.playbook.loader import CompiledStep
-from gpuwarden.playbook.schema import CheckpointParams
+from gpuwarden.playbook.schema import CheckpointParams, RequeueParams
 
 Env = dict[str, Any]
 
@@ -46,6 +47,7 @@ def target_of(proc: GpuProcess, memory: int | None = None) -> Target:
         checkpoint_signal=info.checkpoint_signal,
         uid=info.uid,
         ack_dir=(info.env or {}).get("GPUWARDEN_ACK_DIR"),
+        slurm_job=info.slurm_job,
     )
 
 
@@ -177,6 +179,10 @@ class Planner:
             and not info.checkpointable
         ):
             return Reason.NOT_CHECKPOINTABLE
+        if info.slurm_job is None and (
+            isinstance(params, RequeueParams) or getattr(params, "via", None) == "slurm"
+        ):
+            return Reason.NOT_SLURM_JOB
         return None
 
 

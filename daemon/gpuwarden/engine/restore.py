@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 from gpuwarden.engine.incident import Incident, ScopeState
 from gpuwarden.playbook.loader import CompiledRule
+from gpuwarden.playbook.schema import ENDING_KINDS
 
 
 def restore_incident(
@@ -53,7 +54,7 @@ def restore_incident(
     restored.finished.update(steps)
     restored.targeted.update(targeted)
     for kind, pid, created in restored.targeted:
-        if kind == "kill" and not restored.shadow:
+        if kind in ENDING_KINDS and not restored.shadow:
             killed.add((pid, created))
     state.incident = restored
     return restored

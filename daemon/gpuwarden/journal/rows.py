@@ -97,7 +97,7 @@ class UndoRow:
     id: int
     incident: str
     intent: str
-    kind: str  # resume | renice | power_limit
+    kind: str  # resume | slurm_resume | renice | power_limit
     pid: int | None
     create_time: float | None
     gpu: int | None

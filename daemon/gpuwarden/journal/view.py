@@ -31,7 +31,7 @@ durations seconds; a value never known is ``null``.
                 "recorded_at", "done": bool, "done_at", "result"}]}
 
 A target is ``{"pid", "create_time", "gpu", "user", "uid", "priority", "gpu_memory_mib",
-"command", "checkpoint_signal", "ack_dir"}``. Event kinds and their fields:
+"command", "checkpoint_signal", "ack_dir", "slurm_job"}``. Event kinds and their fields:
 ``pending``/``firing``/``waiting``/``resolved``/``cancelled``/``cooldown`` (``where``,
 ``detail``); ``step`` (``label``, ``step_kind``, ``targets``, ``params``, ``shadow``, ``gpu``);
 ``skip`` (``label``, ``step_kind``, ``target``; ``reason`` says why); ``refused`` (an intent
@@ -232,6 +232,7 @@ def _who(target: dict[str, Any] | None) -> str:
     text += f"/{_text(target.get('priority'), 32)}"
     text += f", {mib} MiB" if mib is not None else ""
     text += f", GPU {gpu}" if gpu is not None else ""
+    text += f", Slurm job {_text(target['slurm_job'], 32)}" if target.get("slurm_job") else ""
     command = target.get("command")
     return text + (f": {_text(command, COMMAND_WIDTH)}" if command else "")
 
@@ -278,6 +279,9 @@ def _line(row: TimelineRow) -> tuple[str, list[str]]:
     if kind == "outcome":
         detail = f" — {_text(data.get('detail'), COMMAND_WIDTH)}" if data.get("detail") else ""
         return "", [f"pid {data.get('pid')}  {_text(data.get('state'))}{detail}"]
+    if kind == "undo" and row.reason == "slurm_resume":
+        job = f"Slurm job {data.get('value')} (pid {data.get('pid')})"
+        return f"UNDO      scontrol resume {job} when the incident ends", []
     if kind == "undo":
         value = f" to {data['value']}" if data.get("value") is not None else ""
         where = (

@@ -99,17 +99,25 @@ class NotifyParams(_Strict):
     message: str | None = None
 
 
+# How a step reaches a process that belongs to a Slurm job: ``auto`` through Slurm (scancel,
+# scontrol) when the config's ``slurm`` allows and the process is in a job, else by signals;
+# ``signal`` always by signals; ``slurm`` only through Slurm (a process in no job is not acted on).
+Via = Literal["auto", "signal", "slurm"]
+
+
 class CheckpointParams(Selection):
     wait: Seconds = 120.0
     signal: str | None = None  # default: the job's GPUWARDEN_CHECKPOINT_SIGNAL, else SIGUSR1
+    via: Via = "auto"
 
 
 class SuspendParams(Selection):
     resume_on_resolve: bool = True
+    via: Via = "auto"
 
 
 class ResumeParams(Selection):
-    pass
+    via: Via = "auto"
 
 
 class ReniceParams(Selection):
@@ -123,6 +131,16 @@ class KillParams(Selection):
     signal: str = "SIGTERM"
     process_group: bool = False
     settle: Seconds = 5.0
+    via: Via = "auto"
+
+
+class RequeueParams(Selection):
+    """Put the chosen processes' Slurm jobs back in the queue (``scontrol requeue``); with
+    ``hold``, held there until someone releases them (``scontrol requeuehold``)."""
+
+    hold: bool = False
+    grace: Seconds = 30.0  # how long the job's processes have to exit before SIGKILL
+    via: Literal["auto", "slurm"] = "auto"
 
 
 class PowerCapParams(_Strict):
@@ -177,12 +195,17 @@ STEP_KINDS: tuple[str, ...] = (
     "resume",
     "renice",
     "kill",
+    "requeue",
     "power_cap",
     "exec",
     "provision",
 )
-SELECTING_KINDS = frozenset({"checkpoint", "suspend", "resume", "renice", "kill"})
-DESTRUCTIVE_KINDS = frozenset({"suspend", "kill", "power_cap", "exec", "provision"})
+SELECTING_KINDS = frozenset({"checkpoint", "suspend", "resume", "renice", "kill", "requeue"})
+DESTRUCTIVE_KINDS = frozenset({"suspend", "kill", "requeue", "power_cap", "exec", "provision"})
+# Steps after which their targets are gone: never chosen again by any step of any incident.
+ENDING_KINDS = frozenset({"kill", "requeue"})
+# Steps that act on a Slurm job as a whole when their target belongs to one (``via``).
+SLURM_KINDS = frozenset({"checkpoint", "suspend", "resume", "kill", "requeue"})
 
 StepParams = (
     NotifyParams
@@ -191,6 +214,7 @@ StepParams = (
     | ResumeParams
     | ReniceParams
     | KillParams
+    | RequeueParams
     | PowerCapParams
     | ExecParams
     | ProvisionParams
@@ -214,6 +238,7 @@ class Step(_Strict):
     resume: Annotated[ResumeParams | None, _shorthand("")] = None
     renice: Annotated[ReniceParams | None, _shorthand("")] = None
     kill: Annotated[KillParams | None, _shorthand("")] = None
+    requeue: Annotated[RequeueParams | None, _shorthand("")] = None
     power_cap: Annotated[PowerCapParams | None, _shorthand("")] = None
     exec: Annotated[ExecParams | None, _shorthand("argv")] = None
     provision: Annotated[ProvisionParams | None, _shorthand("profile")] = None
