@@ -231,6 +231,8 @@ def shape(kind: str, x: float, y: float) -> str:
             f'<path d="M{X} {num(y - 6)}V{num(y + 6)}M{num(x - 6)} {Y}H{num(x + 6)}"'
             ' stroke-width="3.2" fill="none"/>'
         )
+    if kind == "requeue":  # back into the queue: a triangle pointing back
+        return f'<polygon points="{pts((-r, 0), (r, -r), (r, r))}"/>'
     if kind == "provision":
         arrow = pts((0, -7), (6, -1), (3, -1), (3, 6), (-3, 6), (-3, -1), (-6, -1))
         return f'<polygon points="{arrow}"/>'
@@ -247,4 +249,5 @@ SHAPE_NAMES = {
     "power_cap": "downward triangle",
     "exec": "plus",
     "provision": "arrow",
+    "requeue": "leftward triangle",
 }
