@@ -90,7 +90,7 @@ def test_the_cloud_iam_policy_parses_and_names_exactly_the_calls_gpuwarden_makes
     called = {"ec2:" + op.title().replace("_", "") for op in operations}
     assert "TagSpecifications" in source
     blocks = [json.loads(block) for block in _fenced(CLOUD_DOC, "json")]
-    policy, pass_role = blocks
+    policy, budget_policy, pass_role = blocks
     assert policy["Version"] == "2012-10-17"
     assert _policy_actions(policy) == called | {"ec2:CreateTags"}
     managed = {"StringEquals": {f"ec2:ResourceTag/{tags.MANAGED}": "true"}}
@@ -101,6 +101,15 @@ def test_the_cloud_iam_policy_parses_and_names_exactly_the_calls_gpuwarden_makes
     on_launch = {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
     assert _conditions(policy, "ec2:CreateTags") == [on_launch]
     assert _policy_actions(pass_role) == {"iam:PassRole"}
+    # The fleet budget's item: what cloud/budget.py calls through FleetBudget._call.
+    source = (ROOT / "daemon" / "gpuwarden" / "cloud" / "budget.py").read_text()
+    operations = set(re.findall(r'_call\(\s*"([a-z_]+)"', source))
+    assert operations == {"get_item", "put_item", "update_item"}
+    called = {"dynamodb:" + op.title().replace("_", "") for op in operations}
+    assert _policy_actions(budget_policy) == called
+    [statement] = budget_policy["Statement"]
+    assert statement["Resource"].startswith("arn:aws:dynamodb:")
+    assert statement["Resource"].endswith(":table/gpuwarden-budget")
 
 
 def test_the_cloud_doc_example_profile_loads(tmp_path: Path) -> None:

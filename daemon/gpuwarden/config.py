@@ -244,6 +244,39 @@ def _repeats(values: tuple[str, ...]) -> list[str]:
     return sorted({v for v in values if values.count(v) > 1})
 
 
+class Budget(_Strict):
+    """A burst budget shared by the fleet: every host whose profile names the same DynamoDB
+    ``table`` and ``key`` takes its slots from one item there, with conditional writes, so
+    together the hosts never run more than ``max_instances`` instances or spend more than
+    ``max_dollars_per_hour`` (docs/fleet.md). A host that dies keeps its slots until its
+    ``lease`` runs out; a live host renews its leases at every reap round."""
+
+    table: str
+    key: str | None = Field(default=None, min_length=1, max_length=256)  # default: the profile
+    max_instances: int | None = Field(default=None, ge=1)
+    max_dollars_per_hour: float | None = Field(default=None, gt=0)
+    lease: Seconds = Field(default=600.0, gt=0)
+    region: str | None = None  # default: the profile's region
+    endpoint_url: str | None = None  # another DynamoDB endpoint (a VPC endpoint, a test server)
+
+    @field_validator("table")
+    @classmethod
+    def _table_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{3,255}", value):
+            raise ValueError(
+                f"{value!r} is not a DynamoDB table name: 3 to 255 letters, digits, '_', '.' or '-'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _capped(self) -> Budget:
+        if self.max_instances is None and self.max_dollars_per_hour is None:
+            raise ValueError(
+                "a budget caps something: set max_instances, max_dollars_per_hour or both"
+            )
+        return self
+
+
 class CloudProfile(_Strict):
     """Where and how to burst to cloud GPUs; docs/cloud.md explains every field and the IAM
     policy gpuwarden needs.
@@ -253,7 +286,8 @@ class CloudProfile(_Strict):
     instance type) cap what is launched; ``ttl`` is the hard maximum lifetime of an
     instance, ``linger`` how long it is kept after its incident resolved. ``user_data`` may
     name only ``${incident} ${rule} ${host} ${profile} ${instance_type} ${expires}``
-    (``$$`` is a dollar). ``tags`` are added to gpuwarden's own ``gpuwarden:*`` tags."""
+    (``$$`` is a dollar). ``tags`` are added to gpuwarden's own ``gpuwarden:*`` tags.
+    ``budget`` caps the whole fleet's instances of it (docs/fleet.md)."""
 
     provider: Literal["aws"] = "aws"
     region: str
@@ -273,6 +307,7 @@ class CloudProfile(_Strict):
     ttl: Seconds = Field(default=8 * 3600.0, gt=0)
     linger: Seconds = Field(default=1800.0, ge=0)
     endpoint_url: str | None = None
+    budget: Budget | None = None  # the fleet-wide cap (docs/fleet.md)
 
     @field_validator("instance_types", "subnets")
     @classmethod
@@ -297,6 +332,18 @@ class CloudProfile(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _budget_priced(self) -> CloudProfile:
+        if self.budget is None or self.budget.max_dollars_per_hour is None:
+            return self
+        missing = [t for t in self.instance_types if t not in self.prices]
+        if missing:
+            raise ValueError(
+                f"budget.max_dollars_per_hour needs the hourly price of every instance type; "
+                f"prices has none for {', '.join(missing)}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _what_to_boot(self) -> CloudProfile:
         if self.launch_template is None and self.ami is None:
             raise ValueError(
@@ -317,6 +364,18 @@ class Cloud(_Strict):
 
     profiles: dict[str, CloudProfile] = Field(default_factory=dict)
     reap_interval: Seconds = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _leases_outlast_rounds(self) -> Cloud:
+        for name, profile in self.profiles.items():
+            budget = profile.budget
+            if budget is not None and budget.lease < 2 * self.reap_interval:
+                raise ValueError(
+                    f"profile {name!r}: budget.lease ({budget.lease:g}s) must be at least twice "
+                    f"reap_interval ({self.reap_interval:g}s): leases are renewed at each reap "
+                    "round, and one late round must not free the slots of a live host"
+                )
+        return self
 
 
 class Limit(_Strict):

@@ -249,6 +249,8 @@ def _reap(args: argparse.Namespace, cfg: config.Config) -> int:
         logger.addHandler(errors)
         try:
             reaped = reaper.reap(service, now, dry_run=args.dry_run, seen=report)
+            if not args.dry_run:
+                service.renew_budgets(now)  # what it cannot reach is logged as an error
         finally:
             logger.removeHandler(errors)
     for line in report.lines():

@@ -98,6 +98,12 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
         lines.append("notify     (no targets)")
     for name, profile in config.cloud.profiles.items():
         cap = f", ≤${profile.max_hourly_usd:g}/h" if profile.max_hourly_usd else ""
+        fleet = profile.budget
+        if fleet is not None:
+            caps = [f"≤{fleet.max_instances} instances"] if fleet.max_instances else []
+            if fleet.max_dollars_per_hour:
+                caps.append(f"≤${fleet.max_dollars_per_hour:g}/h")
+            cap += f"; fleet budget {fleet.key or name} ({fleet.table}): {', '.join(caps)}"
         lines.append(
             f"cloud      {name}: {profile.provider} {profile.region}, "
             f"{', '.join(profile.instance_types)}, ≤{profile.max_instances} "
