@@ -166,9 +166,17 @@ class Secret(_Strict):
         return self
 
 
-class NotifyTarget(_Strict):
-    """A named destination for messages: apprise URLs (or a secret holding them)."""
+ALERT_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ALERT_OWN_LABELS = ("alertname", "severity", "host", "gpu", "uuid", "job", "mode")
+ALERT_LINK_NAMES = ("host", "incident", "rule")
 
+
+class NotifyTarget(_Strict):
+    """A named destination for messages: apprise URLs (or a secret holding them); or, with
+    ``type: alertmanager``, Alertmanager's base URLs, to which each incident is posted as an
+    alert (docs/fleet.md)."""
+
+    type: Literal["apprise", "alertmanager"] = "apprise"
     urls: tuple[str | Secret, ...] = ()
     config: Path | None = None
     tags: Names = ()
@@ -177,6 +185,79 @@ class NotifyTarget(_Strict):
     fallback: str | None = None
     # How message bodies are written for this target; facts are escaped for it.
     body_format: Literal["text", "markdown", "html"] = "text"
+    # type alertmanager: re-post an open incident's alert this often; extra labels on every
+    # alert; a link to the incident (${host} ${incident} ${rule}); a matching silence
+    # acknowledges the incident.
+    resend: Seconds | None = Field(default=None, gt=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    link: str | None = None
+    ack_on_silence: bool = False
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not ALERT_LABEL.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a label name: letters, digits and '_', not starting "
+                    "with a digit"
+                )
+            if name in ALERT_OWN_LABELS:
+                raise ValueError(
+                    f"label {name!r} is gpuwarden's own ({', '.join(ALERT_OWN_LABELS)}); "
+                    "choose another name"
+                )
+        return value
+
+    @field_validator("link")
+    @classmethod
+    def _link_names(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        unknown = sorted(set(re.findall(r"\$\{(\w+)\}", value)) - set(ALERT_LINK_NAMES))
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder ${{{unknown[0]}}}: a link may use "
+                + ", ".join(f"${{{n}}}" for n in ALERT_LINK_NAMES)
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _fits_its_type(self) -> NotifyTarget:
+        if self.type == "apprise":
+            given = [
+                k
+                for k in ("resend", "labels", "link", "ack_on_silence")
+                if getattr(self, k) not in (None, {}, False)
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: only for a target of type alertmanager; "
+                    "add type: alertmanager or remove them"
+                )
+            return self
+        given = [
+            k
+            for k in ("config", "tags", "quiet_hours", "fallback")
+            if getattr(self, k) not in (None, ())
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not for a target of type alertmanager (Alertmanager's "
+                "own routes, time intervals and receivers do that); remove them"
+            )
+        if not self.urls:
+            raise ValueError(
+                "an alertmanager target needs urls: Alertmanager's base URL, one per "
+                "instance of a cluster, e.g. http://alertmanager:9093"
+            )
+        for url in self.urls:
+            if isinstance(url, str) and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
+                raise ValueError(
+                    f"{url!r} is not an Alertmanager URL: write its base URL, "
+                    "e.g. http://alertmanager:9093"
+                )
+        return self
 
     @field_validator("quiet_hours")
     @classmethod
@@ -455,6 +536,17 @@ class Config(_Strict):
                 raise ValueError(
                     f"notify target {name!r} falls back to an unknown target {target.fallback!r}"
                 )
+            if target.fallback is not None and targets[target.fallback].type != "apprise":
+                raise ValueError(
+                    f"notify target {name!r} falls back to {target.fallback!r}, an "
+                    "alertmanager target: a fallback receives messages, not alerts"
+                )
+        admin = targets.get(self.notify.admin or "")
+        if admin is not None and admin.type != "apprise":
+            raise ValueError(
+                f"notify.admin {self.notify.admin!r} is an alertmanager target: the admin "
+                "target receives messages (reload failures, breaker trips), not alerts"
+            )
         unknown = [p for p in self.protected.priorities if p not in self.priorities.names]
         if unknown:
             raise ValueError(
