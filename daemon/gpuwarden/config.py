@@ -10,7 +10,9 @@ variable instead of standing in this file.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import zoneinfo
 from collections.abc import Callable
 from pathlib import Path
@@ -558,6 +560,13 @@ class Config(_Strict):
     @property
     def tz(self) -> zoneinfo.ZoneInfo:
         return zoneinfo.ZoneInfo(self.timezone)
+
+
+def host_name(cfg: Config) -> str:
+    """The name this server goes by in snapshots, messages, alerts and cloud tags: the
+    config's ``host``, else $GPUWARDEN_HOST (the Kubernetes DaemonSet sets it to the node's
+    name), else the machine's host name."""
+    return cfg.host or os.environ.get("GPUWARDEN_HOST") or socket.gethostname()
 
 
 def load(path: str | Path) -> Config:

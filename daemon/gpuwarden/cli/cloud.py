@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden import config
+from gpuwarden.config import host_name
 from gpuwarden.errors import ExitCode
 from gpuwarden.journal.schema import JOURNAL_NAME
 from gpuwarden.text import safe_text
@@ -93,7 +93,7 @@ def _journal(args: argparse.Namespace, cfg: config.Config) -> Path:
 def _service(cfg: config.Config, store: InstanceStore) -> CloudService:
     from gpuwarden.cloud.service import CloudService
 
-    return CloudService(cfg.cloud, store, host=cfg.host or socket.gethostname())
+    return CloudService(cfg.cloud, store, host=host_name(cfg))
 
 
 def _failed_profiles(cfg: config.Config, problems: Sequence[str]) -> list[str]:

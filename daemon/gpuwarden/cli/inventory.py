@@ -91,6 +91,8 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
     if targets:
         for name, target in targets.items():
             extra = f", fallback {target.fallback}" if target.fallback else ""
+            if target.type == "alertmanager":
+                extra += ", alertmanager" + (", silence = ack" if target.ack_on_silence else "")
             lines.append(
                 f"notify     {name}: {_url_count(target.urls)}, ≥{target.min_severity}{extra}"
             )

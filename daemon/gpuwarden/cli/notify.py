@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 from gpuwarden import config
 from gpuwarden.cli.common import state_dir
+from gpuwarden.config import host_name
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.journal.schema import JOURNAL_NAME
 
@@ -38,7 +38,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_notify_test(args: argparse.Namespace, cfg: config.Config) -> int:
     from gpuwarden.notify.service import test_target
 
-    results = test_target(cfg, args.target, host=cfg.host or socket.gethostname())
+    results = test_target(cfg, args.target, host=host_name(cfg))
     for result in results:
         status = "ok  " if result.ok else "FAIL"
         detail = f": {result.detail}" if result.detail and not result.ok else ""

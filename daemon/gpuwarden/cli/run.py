@@ -8,7 +8,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -16,6 +15,7 @@ from typing import Any
 
 from gpuwarden import config
 from gpuwarden.cli.common import config_path, playbook_paths, state_dir
+from gpuwarden.config import host_name
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.journal.schema import JOURNAL_NAME
 
@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuwarden.reload import Reloader, Watcher
     from gpuwarden.sdnotify import SystemdNotifier
 
-    host = cfg.host or socket.gethostname()
+    host = host_name(cfg)
     notifications = Notifications(
         cfg,
         journal.path,

@@ -5,11 +5,10 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.config import Config
+from gpuwarden.config import Config, host_name
 from gpuwarden.errors import UsageError
 from gpuwarden.sources import Source
 from gpuwarden.units import parse_duration
@@ -72,7 +71,7 @@ def open_source(spec: SourceSpec, config: Config) -> Source:
     the caller positions it (see ``ReplaySource``)."""
     from gpuwarden.sources.procs import Attributor
 
-    host = config.host or socket.gethostname()
+    host = host_name(config)
     attributor = Attributor(config.priorities)
     if spec.scheme == "nvml":
         from gpuwarden.sources.nvml import NvmlSource
