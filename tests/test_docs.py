@@ -133,3 +133,35 @@ def test_every_cloud_profile_key_is_documented() -> None:
             assert f"| `{name}` |" in reference, name
     for key in tags.OWN_KEYS:
         assert f"| `{key}` |" in CLOUD_DOC, key
+
+
+FLEET_DOC = (ROOT / "docs" / "fleet.md").read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(f"\n## {heading}\n")[1].split("\n## ", maxsplit=1)[0]
+
+
+def test_the_fleet_doc_examples_load(tmp_path: Path) -> None:
+    target, _alertmanager = _fenced(_section(FLEET_DOC, "Alertmanager"), "yaml")[:2]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(target)
+    spec = config.load(path).notify.targets["oncall"]
+    assert (spec.type, spec.ack_on_silence, spec.resend) == ("alertmanager", True, 60.0)
+    [profile] = _fenced(_section(FLEET_DOC, "A fleet-wide burst budget"), "yaml")
+    path.write_text(profile)
+    budget = config.load(path).cloud.profiles["burst-a100"].budget
+    assert budget is not None
+    assert (budget.table, budget.max_instances) == ("gpuwarden-budget", 8)
+
+
+def test_every_alertmanager_and_budget_key_is_documented() -> None:
+    targets = _section(FLEET_DOC, "Alertmanager")
+    for name in ("type", "urls", "min_severity", "resend", "labels", "link", "ack_on_silence"):
+        assert f"| `{name}` |" in targets, name
+    assert {"resend", "labels", "link", "ack_on_silence"} <= set(config.NotifyTarget.model_fields)
+    budget = _section(FLEET_DOC, "A fleet-wide burst budget")
+    for name in config.Budget.model_fields:
+        assert f"| `{name}` |" in budget, name
+    for label in config.ALERT_OWN_LABELS:
+        assert f"| `{label}` |" in targets, label
