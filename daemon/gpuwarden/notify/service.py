@@ -121,7 +121,8 @@ class Notifications:
         self.outbox = Outbox(journal_path)
         targets = config.notify.targets
         self.alerts = AlertBook(config, host=host, marker=marker, descriptions=descriptions)
-        posting = alertmanager.Delivery(self.outbox, clock)
+        # A firing post's endsAt is counted on the real clock, the one Alertmanager reads.
+        posting = alertmanager.Delivery(self.outbox)
         managers = set(self.alerts.targets())
         urls = resolver(config)
         self.sender = Sender(
