@@ -14,6 +14,10 @@ parameter does not shadow the import::
 test dummy credentials and hides the developer's own AWS configuration; ``fresh_ec2`` is both,
 with the server's state cleared first.
 
+The same server answers DynamoDB (the fleet budget's table: ``budget_table``). It serves one
+request at a time: moto's backends do not lock, so two conditional writes handled in two
+threads at once could both pass their condition, where DynamoDB applies each atomically.
+
 moto checks instance types against its list of what each region offers
 (``EC2_ENABLE_INSTANCE_TYPE_VALIDATION``), so a typo in a test's type fails like it would on EC2.
 In us-east-1 it accepts p4d.24xlarge, p5.48xlarge, g5.*, g6.* and g6e.*; it refuses
@@ -23,6 +27,7 @@ p5e.48xlarge there (``InvalidInstanceType.NotFound``).
 from __future__ import annotations
 
 import logging
+import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,6 +64,27 @@ class MotoEc2:
             aws_secret_access_key=KEY,
         )
 
+    def dynamodb(self) -> Any:
+        """A boto3 DynamoDB client on the same server."""
+        import boto3
+
+        return boto3.client(
+            "dynamodb",
+            region_name=self.region,
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=KEY,
+        )
+
+    def budget_table(self, name: str) -> None:
+        """A fleet budget table as docs/fleet.md creates it (partition key ``budget``)."""
+        self.dynamodb().create_table(
+            TableName=name,
+            AttributeDefinitions=[{"AttributeName": "budget", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "budget", "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+
     def reset(self) -> None:
         """Forget every instance, volume and tag, then read the default ids again."""
         request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
@@ -85,17 +111,48 @@ class MotoEc2:
         self.security_group = str(groups[0]["GroupId"])
 
 
+def _serialized_server() -> Any:
+    """moto's threaded server, answering one request at a time (see the module's doc)."""
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    class Serialized(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            lock = threading.Lock()
+
+            def one_at_a_time(environ: Any, start_response: Any) -> Any:
+                with lock:
+                    return list(app(environ, start_response))
+
+            self._server = make_server(
+                self._ip_address,
+                self._port,
+                one_at_a_time,
+                True,
+                request_handler=MotoRequestHandler,
+            )
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return Serialized(ip_address="127.0.0.1", port=0, verbose=False)
+
+
 @pytest.fixture(scope="session", name="moto_ec2")
 def fixture_moto_ec2() -> Iterator[MotoEc2]:
     from moto import settings as moto_settings
-    from moto.server import ThreadedMotoServer
 
     werkzeug = logging.getLogger("werkzeug")
     level = werkzeug.level
     werkzeug.setLevel(logging.ERROR)  # one line per request otherwise
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(moto_settings, "EC2_ENABLE_INSTANCE_TYPE_VALIDATION", True)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server = _serialized_server()
         server.start()
         try:
             host, port = server.get_host_and_port()
@@ -124,6 +181,7 @@ def fixture_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "AWS_CONTAINER_CREDENTIALS_FULL_URI",
         "AWS_ENDPOINT_URL",
         "AWS_ENDPOINT_URL_EC2",
+        "AWS_ENDPOINT_URL_DYNAMODB",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)

@@ -359,3 +359,51 @@ def test_caps_are_finite_and_bounded(tmp_path: Path) -> None:
         " (got 5000)",
         "7:23: cloud.profiles.burst.max_hourly_usd: input should be a finite number (got nan)",
     ]
+
+
+# -- the fleet budget ---------------------------------------------------------------------------
+
+
+def test_a_fleet_budget_loads_with_its_defaults(tmp_path: Path) -> None:
+    text = HEAD + AMI + "      budget: {table: gpuwarden-budget, max_instances: 8}\n"
+    spec = load(tmp_path, text).cloud.profiles["burst"].budget
+    assert spec is not None
+    assert (spec.table, spec.key, spec.max_instances, spec.max_dollars_per_hour) == (
+        "gpuwarden-budget",
+        None,
+        8,
+        None,
+    )
+    assert (spec.lease, spec.region, spec.endpoint_url) == (600.0, None, None)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (
+            "      budget: {table: gpuwarden-budget}\n",
+            "7:15: cloud.profiles.burst.budget: a budget caps something: set max_instances, "
+            "max_dollars_per_hour or both",
+        ),
+        (
+            "      budget: {table: gpuwarden-budget, max_dollars_per_hour: 200}\n"
+            "      prices: {p4d.24xlarge: 32.77}\n",
+            "4:7: cloud.profiles.burst: budget.max_dollars_per_hour needs the hourly price of "
+            "every instance type; prices has none for p5.48xlarge",
+        ),
+        (
+            "      budget: {table: 'a b', max_instances: 2}\n",
+            "7:23: cloud.profiles.burst.budget.table: 'a b' is not a DynamoDB table name: "
+            "3 to 255 letters, digits, '_', '.' or '-'",
+        ),
+        (
+            "      budget: {table: t12, max_instances: 2, lease: 90s}\n",
+            "2:3: cloud: profile 'burst': budget.lease (90s) must be at least twice "
+            "reap_interval (60s): leases are renewed at each reap round, and one late round "
+            "must not free the slots of a live host",
+        ),
+    ],
+    ids=["no-cap", "unpriced", "bad-table", "short-lease"],
+)
+def test_a_bad_budget_is_refused_at_its_position(tmp_path: Path, lines: str, expected: str) -> None:
+    assert refused(tmp_path, HEAD + AMI + lines) == [expected]

@@ -90,7 +90,7 @@ def test_the_cloud_iam_policy_parses_and_names_exactly_the_calls_gpuwarden_makes
     called = {"ec2:" + op.title().replace("_", "") for op in operations}
     assert "TagSpecifications" in source
     blocks = [json.loads(block) for block in _fenced(CLOUD_DOC, "json")]
-    policy, pass_role = blocks
+    policy, budget_policy, pass_role = blocks
     assert policy["Version"] == "2012-10-17"
     assert _policy_actions(policy) == called | {"ec2:CreateTags"}
     managed = {"StringEquals": {f"ec2:ResourceTag/{tags.MANAGED}": "true"}}
@@ -101,6 +101,15 @@ def test_the_cloud_iam_policy_parses_and_names_exactly_the_calls_gpuwarden_makes
     on_launch = {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
     assert _conditions(policy, "ec2:CreateTags") == [on_launch]
     assert _policy_actions(pass_role) == {"iam:PassRole"}
+    # The fleet budget's item: what cloud/budget.py calls through FleetBudget._call.
+    source = (ROOT / "daemon" / "gpuwarden" / "cloud" / "budget.py").read_text()
+    operations = set(re.findall(r'_call\(\s*"([a-z_]+)"', source))
+    assert operations == {"get_item", "put_item", "update_item"}
+    called = {"dynamodb:" + op.title().replace("_", "") for op in operations}
+    assert _policy_actions(budget_policy) == called
+    [statement] = budget_policy["Statement"]
+    assert statement["Resource"].startswith("arn:aws:dynamodb:")
+    assert statement["Resource"].endswith(":table/gpuwarden-budget")
 
 
 def test_the_cloud_doc_example_profile_loads(tmp_path: Path) -> None:
@@ -133,3 +142,35 @@ def test_the_reports_page_shows_the_demo_screenshot_and_the_readme_links_it() ->
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert "(docs/reports.md)" in (ROOT / "README.md").read_text()
     assert "report last" in (ROOT / "Makefile").read_text()
+
+
+FLEET_DOC = (ROOT / "docs" / "fleet.md").read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(f"\n## {heading}\n")[1].split("\n## ", maxsplit=1)[0]
+
+
+def test_the_fleet_doc_examples_load(tmp_path: Path) -> None:
+    target, _alertmanager = _fenced(_section(FLEET_DOC, "Alertmanager"), "yaml")[:2]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(target)
+    spec = config.load(path).notify.targets["oncall"]
+    assert (spec.type, spec.ack_on_silence, spec.resend) == ("alertmanager", True, 60.0)
+    [profile] = _fenced(_section(FLEET_DOC, "A fleet-wide burst budget"), "yaml")
+    path.write_text(profile)
+    budget = config.load(path).cloud.profiles["burst-a100"].budget
+    assert budget is not None
+    assert (budget.table, budget.max_instances) == ("gpuwarden-budget", 8)
+
+
+def test_every_alertmanager_and_budget_key_is_documented() -> None:
+    targets = _section(FLEET_DOC, "Alertmanager")
+    for name in ("type", "urls", "min_severity", "resend", "labels", "link", "ack_on_silence"):
+        assert f"| `{name}` |" in targets, name
+    assert {"resend", "labels", "link", "ack_on_silence"} <= set(config.NotifyTarget.model_fields)
+    budget = _section(FLEET_DOC, "A fleet-wide burst budget")
+    for name in config.Budget.model_fields:
+        assert f"| `{name}` |" in budget, name
+    for label in config.ALERT_OWN_LABELS:
+        assert f"| `{label}` |" in targets, label

@@ -10,7 +10,9 @@ variable instead of standing in this file.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import zoneinfo
 from collections.abc import Callable
 from pathlib import Path
@@ -178,9 +180,17 @@ class Secret(_Strict):
         return self
 
 
-class NotifyTarget(_Strict):
-    """A named destination for messages: apprise URLs (or a secret holding them)."""
+ALERT_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ALERT_OWN_LABELS = ("alertname", "severity", "host", "gpu", "uuid", "job", "mode")
+ALERT_LINK_NAMES = ("host", "incident", "rule")
 
+
+class NotifyTarget(_Strict):
+    """A named destination for messages: apprise URLs (or a secret holding them); or, with
+    ``type: alertmanager``, Alertmanager's base URLs, to which each incident is posted as an
+    alert (docs/fleet.md)."""
+
+    type: Literal["apprise", "alertmanager"] = "apprise"
     urls: tuple[str | Secret, ...] = ()
     config: Path | None = None
     tags: Names = ()
@@ -189,6 +199,79 @@ class NotifyTarget(_Strict):
     fallback: str | None = None
     # How message bodies are written for this target; facts are escaped for it.
     body_format: Literal["text", "markdown", "html"] = "text"
+    # type alertmanager: re-post an open incident's alert this often; extra labels on every
+    # alert; a link to the incident (${host} ${incident} ${rule}); a matching silence
+    # acknowledges the incident.
+    resend: Seconds | None = Field(default=None, gt=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    link: str | None = None
+    ack_on_silence: bool = False
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not ALERT_LABEL.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a label name: letters, digits and '_', not starting "
+                    "with a digit"
+                )
+            if name in ALERT_OWN_LABELS:
+                raise ValueError(
+                    f"label {name!r} is gpuwarden's own ({', '.join(ALERT_OWN_LABELS)}); "
+                    "choose another name"
+                )
+        return value
+
+    @field_validator("link")
+    @classmethod
+    def _link_names(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        unknown = sorted(set(re.findall(r"\$\{(\w+)\}", value)) - set(ALERT_LINK_NAMES))
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder ${{{unknown[0]}}}: a link may use "
+                + ", ".join(f"${{{n}}}" for n in ALERT_LINK_NAMES)
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _fits_its_type(self) -> NotifyTarget:
+        if self.type == "apprise":
+            given = [
+                k
+                for k in ("resend", "labels", "link", "ack_on_silence")
+                if getattr(self, k) not in (None, {}, False)
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: only for a target of type alertmanager; "
+                    "add type: alertmanager or remove them"
+                )
+            return self
+        given = [
+            k
+            for k in ("config", "tags", "quiet_hours", "fallback")
+            if getattr(self, k) not in (None, ())
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not for a target of type alertmanager (Alertmanager's "
+                "own routes, time intervals and receivers do that); remove them"
+            )
+        if not self.urls:
+            raise ValueError(
+                "an alertmanager target needs urls: Alertmanager's base URL, one per "
+                "instance of a cluster, e.g. http://alertmanager:9093"
+            )
+        for url in self.urls:
+            if isinstance(url, str) and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
+                raise ValueError(
+                    f"{url!r} is not an Alertmanager URL: write its base URL, "
+                    "e.g. http://alertmanager:9093"
+                )
+        return self
 
     @field_validator("quiet_hours")
     @classmethod
@@ -256,6 +339,39 @@ def _repeats(values: tuple[str, ...]) -> list[str]:
     return sorted({v for v in values if values.count(v) > 1})
 
 
+class Budget(_Strict):
+    """A burst budget shared by the fleet: every host whose profile names the same DynamoDB
+    ``table`` and ``key`` takes its slots from one item there, with conditional writes, so
+    together the hosts never run more than ``max_instances`` instances or spend more than
+    ``max_dollars_per_hour`` (docs/fleet.md). A host that dies keeps its slots until its
+    ``lease`` runs out; a live host renews its leases at every reap round."""
+
+    table: str
+    key: str | None = Field(default=None, min_length=1, max_length=256)  # default: the profile
+    max_instances: int | None = Field(default=None, ge=1)
+    max_dollars_per_hour: float | None = Field(default=None, gt=0)
+    lease: Seconds = Field(default=600.0, gt=0)
+    region: str | None = None  # default: the profile's region
+    endpoint_url: str | None = None  # another DynamoDB endpoint (a VPC endpoint, a test server)
+
+    @field_validator("table")
+    @classmethod
+    def _table_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{3,255}", value):
+            raise ValueError(
+                f"{value!r} is not a DynamoDB table name: 3 to 255 letters, digits, '_', '.' or '-'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _capped(self) -> Budget:
+        if self.max_instances is None and self.max_dollars_per_hour is None:
+            raise ValueError(
+                "a budget caps something: set max_instances, max_dollars_per_hour or both"
+            )
+        return self
+
+
 class CloudProfile(_Strict):
     """Where and how to burst to cloud GPUs; docs/cloud.md explains every field and the IAM
     policy gpuwarden needs.
@@ -265,7 +381,8 @@ class CloudProfile(_Strict):
     instance type) cap what is launched; ``ttl`` is the hard maximum lifetime of an
     instance, ``linger`` how long it is kept after its incident resolved. ``user_data`` may
     name only ``${incident} ${rule} ${host} ${profile} ${instance_type} ${expires}``
-    (``$$`` is a dollar). ``tags`` are added to gpuwarden's own ``gpuwarden:*`` tags."""
+    (``$$`` is a dollar). ``tags`` are added to gpuwarden's own ``gpuwarden:*`` tags.
+    ``budget`` caps the whole fleet's instances of it (docs/fleet.md)."""
 
     provider: Literal["aws"] = "aws"
     region: str
@@ -285,6 +402,7 @@ class CloudProfile(_Strict):
     ttl: Seconds = Field(default=8 * 3600.0, gt=0)
     linger: Seconds = Field(default=1800.0, ge=0)
     endpoint_url: str | None = None
+    budget: Budget | None = None  # the fleet-wide cap (docs/fleet.md)
 
     @field_validator("instance_types", "subnets")
     @classmethod
@@ -309,6 +427,18 @@ class CloudProfile(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _budget_priced(self) -> CloudProfile:
+        if self.budget is None or self.budget.max_dollars_per_hour is None:
+            return self
+        missing = [t for t in self.instance_types if t not in self.prices]
+        if missing:
+            raise ValueError(
+                f"budget.max_dollars_per_hour needs the hourly price of every instance type; "
+                f"prices has none for {', '.join(missing)}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _what_to_boot(self) -> CloudProfile:
         if self.launch_template is None and self.ami is None:
             raise ValueError(
@@ -329,6 +459,18 @@ class Cloud(_Strict):
 
     profiles: dict[str, CloudProfile] = Field(default_factory=dict)
     reap_interval: Seconds = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _leases_outlast_rounds(self) -> Cloud:
+        for name, profile in self.profiles.items():
+            budget = profile.budget
+            if budget is not None and budget.lease < 2 * self.reap_interval:
+                raise ValueError(
+                    f"profile {name!r}: budget.lease ({budget.lease:g}s) must be at least twice "
+                    f"reap_interval ({self.reap_interval:g}s): leases are renewed at each reap "
+                    "round, and one late round must not free the slots of a live host"
+                )
+        return self
 
 
 class Limit(_Strict):
@@ -465,6 +607,17 @@ class Config(_Strict):
                 raise ValueError(
                     f"notify target {name!r} falls back to an unknown target {target.fallback!r}"
                 )
+            if target.fallback is not None and targets[target.fallback].type != "apprise":
+                raise ValueError(
+                    f"notify target {name!r} falls back to {target.fallback!r}, an "
+                    "alertmanager target: a fallback receives messages, not alerts"
+                )
+        admin = targets.get(self.notify.admin or "")
+        if admin is not None and admin.type != "apprise":
+            raise ValueError(
+                f"notify.admin {self.notify.admin!r} is an alertmanager target: the admin "
+                "target receives messages (reload failures, breaker trips), not alerts"
+            )
         unknown = [p for p in self.protected.priorities if p not in self.priorities.names]
         if unknown:
             raise ValueError(
@@ -476,6 +629,13 @@ class Config(_Strict):
     @property
     def tz(self) -> zoneinfo.ZoneInfo:
         return zoneinfo.ZoneInfo(self.timezone)
+
+
+def host_name(cfg: Config) -> str:
+    """The name this server goes by in snapshots, messages, alerts and cloud tags: the
+    config's ``host``, else $GPUWARDEN_HOST (the Kubernetes DaemonSet sets it to the node's
+    name), else the machine's host name."""
+    return cfg.host or os.environ.get("GPUWARDEN_HOST") or socket.gethostname()
 
 
 def load(path: str | Path) -> Config:

@@ -215,7 +215,11 @@ def run(
             summary.ticks += 1
             if told is not None:
                 told.observe(
-                    result.records, snapshot.gpus, {i.id: i.gpu for i in engine.incidents}, now
+                    result.records,
+                    snapshot.gpus,
+                    {i.id: i.gpu for i in engine.incidents},
+                    now,
+                    processes=snapshot.processes,
                 )
             for item in result.records:
                 if isinstance(item, RuleChange):

@@ -177,6 +177,8 @@ class Runtime:
         self.steps.drain()
         with self._source_lock:
             snapshot = self.source.snapshot(now)
+        if self.notifications is not None:  # a silence in Alertmanager (ack_on_silence)
+            self._ack_silenced(self.notifications.silenced(), now)
         for row in self.journal.incidents(open_only=True):
             if row.acked_at is not None:  # `gpuwarden ack`, from another process
                 self.engine.ack(row.id)
@@ -189,7 +191,11 @@ class Runtime:
         written = self.journal.record_all(result.records, now, self.engine.incidents)
         if self.notifications is not None:
             self.notifications.observe(
-                written, snapshot.gpus, {i.id: i.gpu for i in self.engine.incidents}, now
+                written,
+                snapshot.gpus,
+                {i.id: i.gpu for i in self.engine.incidents},
+                now,
+                processes=snapshot.processes,
             )
         for record in written:
             if isinstance(record, Intent):
@@ -221,6 +227,14 @@ class Runtime:
         until = None if compiled.until is None else compiled.until.text
         spec = compiled.spec
         return RuleFacts(incident, rule, compiled.when.text, until, spec.for_, spec.description)
+
+    def _ack_silenced(self, silenced: dict[str, str], now: float) -> None:
+        """Acknowledge the open incidents a silence covers, once each, in the journal (the
+        loop then treats them as `gpuwarden ack` would)."""
+        open_ids = {i.id for i in self.engine.incidents}
+        for incident, who in silenced.items():
+            if incident in open_ids and self.journal.ack(incident, now):
+                log.warning("incident %s acknowledged by %s", incident, who)
 
     # -- cloud ------------------------------------------------------------------------------
 

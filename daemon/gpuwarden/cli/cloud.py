@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden import config
 from gpuwarden.cli.common import instances, journal_path
+from gpuwarden.config import host_name
 from gpuwarden.errors import ExitCode
 from gpuwarden.text import safe_text
 from gpuwarden.units import format_duration
@@ -88,7 +88,7 @@ def cmd_cloud(args: argparse.Namespace, cfg: config.Config) -> int:
 def _service(cfg: config.Config, store: InstanceStore) -> CloudService:
     from gpuwarden.cloud.service import CloudService
 
-    return CloudService(cfg.cloud, store, host=cfg.host or socket.gethostname())
+    return CloudService(cfg.cloud, store, host=host_name(cfg))
 
 
 def _failed_profiles(cfg: config.Config, problems: Sequence[str]) -> list[str]:
@@ -232,6 +232,8 @@ def _reap(args: argparse.Namespace, cfg: config.Config) -> int:
         logger.addHandler(errors)
         try:
             reaped = reaper.reap(service, now, dry_run=args.dry_run, seen=report)
+            if not args.dry_run:
+                service.renew_budgets(now)  # what it cannot reach is logged as an error
         finally:
             logger.removeHandler(errors)
     for line in report.lines():

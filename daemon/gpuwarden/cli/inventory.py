@@ -111,6 +111,8 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
     if targets:
         for name, target in targets.items():
             extra = f", fallback {target.fallback}" if target.fallback else ""
+            if target.type == "alertmanager":
+                extra += ", alertmanager" + (", silence = ack" if target.ack_on_silence else "")
             lines.append(
                 f"notify     {name}: {_url_count(target.urls)}, ≥{target.min_severity}{extra}"
             )
@@ -118,6 +120,12 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
         lines.append("notify     (no targets)")
     for name, profile in config.cloud.profiles.items():
         cap = f", ≤${profile.max_hourly_usd:g}/h" if profile.max_hourly_usd else ""
+        fleet = profile.budget
+        if fleet is not None:
+            caps = [f"≤{fleet.max_instances} instances"] if fleet.max_instances else []
+            if fleet.max_dollars_per_hour:
+                caps.append(f"≤${fleet.max_dollars_per_hour:g}/h")
+            cap += f"; fleet budget {fleet.key or name} ({fleet.table}): {', '.join(caps)}"
         lines.append(
             f"cloud      {name}: {profile.provider} {profile.region}, "
             f"{', '.join(profile.instance_types)}, ≤{profile.max_instances} "

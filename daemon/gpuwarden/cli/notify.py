@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuwarden import config
 from gpuwarden.cli.common import outbox
+from gpuwarden.config import host_name
 from gpuwarden.errors import ExitCode
 
 
@@ -36,7 +37,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_notify_test(args: argparse.Namespace, cfg: config.Config) -> int:
     from gpuwarden.notify.service import test_target
 
-    results = test_target(cfg, args.target)
+    results = test_target(cfg, args.target, host=host_name(cfg))
     for result in results:
         status = "ok  " if result.ok else "FAIL"
         detail = f": {result.detail}" if result.detail and not result.ok else ""

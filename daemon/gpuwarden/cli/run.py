@@ -10,7 +10,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -24,6 +23,7 @@ from gpuwarden.cli.common import (
     replay_options,
     state_dir,
 )
+from gpuwarden.config import host_name
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.journal.schema import JOURNAL_NAME
 
@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace, cfg: config.Config, paths: list[str], found: 
     from gpuwarden.reload import Reloader, Watcher
     from gpuwarden.sdnotify import SystemdNotifier
 
-    host = cfg.host or socket.gethostname()
+    host = host_name(cfg)
     notifications = Notifications(
         cfg,
         journal.path,

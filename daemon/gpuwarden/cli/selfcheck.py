@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import os
 import tempfile
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -300,6 +301,9 @@ def check_notify(config: Config, *, parse: bool = True) -> list[Finding]:
         if not parse:
             findings.append(ok(check, f"{len(urls)} URL(s) found"))
             continue
+        if config.notify.targets[name].type == "alertmanager":
+            findings.append(_alertmanager_urls(check, urls))
+            continue
         import apprise
 
         bad = [u for u in urls if not apprise.Apprise().add(u)]
@@ -311,6 +315,17 @@ def check_notify(config: Config, *, parse: bool = True) -> list[Finding]:
         else:
             findings.append(ok(check, f"{len(urls)} URL(s) parse"))
     return findings
+
+
+def _alertmanager_urls(check: str, urls: list[str]) -> Finding:
+    """An Alertmanager target's URLs (read from its secrets): http or https base URLs."""
+    from gpuwarden.notify.routing import redact_url
+
+    bad = [u for u in urls if urllib.parse.urlsplit(u.strip()).scheme not in ("http", "https")]
+    if bad:
+        shown = ", ".join(redact_url(u) for u in bad)
+        return fail(check, f"not an Alertmanager URL: {shown}", "write http(s)://host:9093")
+    return ok(check, f"{len(urls)} Alertmanager URL(s) parse")
 
 
 def aws_credentials(profile: CloudProfile) -> bool:

@@ -61,6 +61,11 @@ _KIND_BY_CODE: dict[str, str] = {
     "InternalFailure": "unavailable",
     "ServiceUnavailable": "unavailable",
     "Unavailable": "unavailable",
+    # DynamoDB (the fleet budget, cloud/budget.py)
+    "ProvisionedThroughputExceededException": "throttled",
+    "ResourceNotFoundException": "invalid",
+    "ValidationException": "invalid",
+    "InternalServerError": "unavailable",
 }
 # Codes with a suffix: InvalidAMIID.NotFound, InvalidSubnetID.Malformed, InvalidGroup.NotFound, ...
 _INVALID_PREFIXES: tuple[str, ...] = (
@@ -159,8 +164,9 @@ def _seen(instance: dict[str, Any]) -> Seen:
     )
 
 
-def _translate(error: Exception, operation: str) -> CloudError:
-    """A botocore exception as a CloudError; anything else unchanged in kind "other"."""
+def translate(error: Exception, operation: str, service: str = "EC2") -> CloudError:
+    """A botocore exception as a CloudError; anything else unchanged in kind "other".
+    ``service`` names what could not be reached (EC2, DynamoDB)."""
     from botocore import exceptions as bx
 
     if isinstance(error, bx.ClientError):
@@ -169,7 +175,7 @@ def _translate(error: Exception, operation: str) -> CloudError:
         text = str(details.get("Message") or "")
         return CloudError(_kind_of(code), f"{operation}: {code}: {text}", code=code)
     if isinstance(error, bx.NoCredentialsError | bx.PartialCredentialsError):
-        return CloudError("unavailable", f"{operation}: {_NO_CREDENTIALS}")
+        return CloudError("unavailable", f"{operation}: {NO_CREDENTIALS}")
     if isinstance(error, bx.ProfileNotFound):
         return CloudError("unavailable", f"{operation}: {error}: check AWS_PROFILE")
     if isinstance(
@@ -180,13 +186,13 @@ def _translate(error: Exception, operation: str) -> CloudError:
         | bx.ConnectionClosedError
         | bx.ProxyConnectionError,
     ):
-        return CloudError("unavailable", f"{operation}: cannot reach EC2: {error}")
+        return CloudError("unavailable", f"{operation}: cannot reach {service}: {error}")
     if isinstance(error, bx.ParamValidationError):
         return CloudError("invalid", f"{operation}: {error}")
     return CloudError("other", f"{operation}: {type(error).__name__}: {error}")
 
 
-_NO_CREDENTIALS = (
+NO_CREDENTIALS = (
     "no AWS credentials found: set AWS_PROFILE (with ~/.aws/credentials or SSO), "
     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the service environment, "
     "or attach an instance role"
@@ -207,7 +213,7 @@ class Ec2:
         try:
             response: dict[str, Any] = getattr(self.client, operation)(**params)
         except (ClientError, BotoCoreError) as error:
-            raise _translate(error, operation) from None
+            raise translate(error, operation) from None
         return response
 
     def launch(self, request: LaunchRequest, *, dry_run: bool) -> list[Seen]:
@@ -342,7 +348,7 @@ def connect(profile: CloudProfile) -> Ec2:
     try:
         session = boto3.session.Session(region_name=profile.region)
         if session.get_credentials() is None:
-            raise CloudError("unavailable", f"region {profile.region}: {_NO_CREDENTIALS}")
+            raise CloudError("unavailable", f"region {profile.region}: {NO_CREDENTIALS}")
         client = session.client(
             "ec2",
             endpoint_url=profile.endpoint_url,
@@ -353,7 +359,7 @@ def connect(profile: CloudProfile) -> Ec2:
             ),
         )
     except BotoCoreError as error:
-        raise _translate(error, "connect") from None
+        raise translate(error, "connect") from None
     return Ec2(client, profile.region)
 
 

@@ -5,9 +5,10 @@ does not know (a launch whose answer was lost, a journal restored from a backup)
 state changes, and marks rows EC2 no longer knows as gone. ``reap`` terminates what lingered
 long enough after its incident resolved and anything past its ttl; each instance is confirmed
 as ours by its tags in EC2 just before, and one that ended behind our back is recorded, not
-terminated again. The daemon runs both every ``cloud.reap_interval`` in a worker thread;
-``gpuwarden cloud reap`` runs them at once. Both take the ``CloudService`` whose clients,
-lock and store they use; the service itself knows nothing of them.
+terminated again; the fleet budget's slots of what ended are given back. The daemon runs
+both every ``cloud.reap_interval`` in a worker thread, then renews its fleet budget leases
+(``CloudService.renew_budgets``); ``gpuwarden cloud reap`` runs them at once. Both take the
+``CloudService`` whose clients, lock and store they use; the service knows nothing of them.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def _reap_batch(
         log.error("cloud reap: %s: %s; tried again at the next round", name, exc)
         return []
     due: list[plan.ReapDecision] = []
+    ended: list[str] = []
     for d in decisions:
         seen = ours.get(d.instance_id)
         if seen is None or seen.state in ENDED_STATES:
@@ -184,8 +186,10 @@ def _reap_batch(
                     service.store.ended(d.instance_id, GONE, now, "gone")
                 else:
                     service.store.ended(d.instance_id, seen.state, now, "external")
+                ended.append(d.instance_id)
             continue
         due.append(d)
+    service.release(name, ended)
     if not due:
         return []
     try:
@@ -211,4 +215,6 @@ def _reap_batch(
             "" if dry_run else f" -> {state}",
         )
         results.append(Reaped(d.instance_id, name, d.reason, state, d.detail))
+    if not dry_run:
+        service.release(name, [r.instance_id for r in results])
     return results

@@ -1,6 +1,7 @@
-"""The daemon's cloud rounds: every ``cloud.reap_interval``, reconcile the journal with EC2
-and reap, in a worker thread (a slow cloud API never delays a tick), one round at a time; and
-the notes that tell people what the reaper ended and what it cost.
+"""The daemon's cloud rounds: every ``cloud.reap_interval``, reconcile the journal with EC2,
+reap and renew the fleet budget leases, in a worker thread (a slow cloud API never delays a
+tick), one round at a time; and the notes that tell people what the reaper ended and what it
+cost.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Rounds:
             reaped = reaper.reap(self.service, self.clock.now(), dry_run=dry_run, seen=report)
             if reaped and not dry_run:
                 self._reaped.put(reaped)
+            if not dry_run:
+                self.service.renew_budgets(self.clock.now())
         except Exception:  # a cloud bug must not take the daemon down; next round tries again
             log.exception("cloud reconcile/reap failed")
 

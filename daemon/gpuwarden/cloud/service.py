@@ -8,7 +8,9 @@ answer was lost (a crash, a timeout) is only visible there — and launches with
 derived from the incident and the step, so a retry cannot double-launch on real EC2 either.
 
 Caps count the instances this host owns: the journal's live rows and EC2's view by tag, merged.
-If EC2 cannot be asked, nothing is launched (a cap that cannot be checked is not a cap).
+If EC2 cannot be asked, nothing is launched (a cap that cannot be checked is not a cap). A
+profile with a ``budget`` also takes its slots from the fleet's DynamoDB item before each
+launch (``budget.py``); if DynamoDB cannot be asked, nothing is launched either.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from functools import partial
 from typing import Any, TypeVar
 
 from gpuwarden.actions.base import Waiter
-from gpuwarden.cloud import ec2, plan, tags
+from gpuwarden.cloud import budget, ec2, plan, tags
+from gpuwarden.cloud.budget import FleetBudget
 from gpuwarden.cloud.ec2 import CloudError, Ec2, LaunchRequest, Seen
+from gpuwarden.cloud.fleet import Fleet
 from gpuwarden.cloud.instance import ENDED_STATES, LIVE_STATES, Managed
 from gpuwarden.cloud.store import InstanceStore
 from gpuwarden.config import Cloud, CloudProfile
@@ -51,11 +55,13 @@ class CloudService:
         *,
         host: str,
         connect: Callable[[CloudProfile], Ec2] = ec2.connect,
+        connect_budget: Callable[[CloudProfile, str, str], FleetBudget] = budget.connect,
     ) -> None:
         self.cloud = cloud
         self.store = store
         self.host = host
         self._connect = connect
+        self.fleet = Fleet(host, connect_budget)
         self._clients: dict[str, Ec2] = {}
         self._lock = threading.RLock()
 
@@ -64,6 +70,7 @@ class CloudService:
         with self._lock:
             self.cloud = cloud
             self._clients.clear()
+            self.fleet.clear()
 
     def described(
         self, name: str, *, sleep: Callable[[float], bool] = _pause, **filters: Any
@@ -84,6 +91,20 @@ class CloudService:
             if name not in self._clients:
                 self._clients[name] = self._connect(self.cloud.profiles[name])
             return self._clients[name]
+
+    # -- the fleet budget -----------------------------------------------------------------------
+
+    def release(self, name: str, instance_ids: Sequence[str]) -> None:
+        """Instances of the named profile ended: give their fleet slots back (logged when
+        it fails; the next round drops them, or their lease runs out)."""
+        with self._lock:
+            self.fleet.release(self.cloud, name, instance_ids)
+
+    def renew_budgets(self, now: float) -> list[str]:
+        """The reap round's part in the fleet budgets (``Fleet.renew``), under the launch
+        lock: no reservation of this host is in flight. One line per budget not reached."""
+        with self._lock:
+            return self.fleet.renew(self.cloud, self.store, now)
 
     # -- launching ------------------------------------------------------------------------------
 
@@ -173,16 +194,44 @@ class CloudService:
                 why.append(room.why)
                 continue
             price = plan.price(profile, attempt.instance_type)
+            count = room.count
+            # The fleet's budget, after this host's own caps: slots taken before the launch.
+            holder = None
+            fleet = self.fleet.item(self.cloud, name)
+            if fleet is not None:
+                try:
+                    grant, holder = self.fleet.take(
+                        fleet,
+                        count,
+                        price,
+                        now,
+                        incident=intent.incident,
+                        step=intent.step,
+                        attempt=attempt.key,
+                        dry_run=dry_run,
+                    )
+                except CloudError as exc:
+                    if launched:
+                        why.append(str(exc))
+                        break
+                    raise
+                if grant.why:
+                    why.append(grant.why)
+                if grant.count <= 0:
+                    continue
+                count = grant.count
             where = f"{profile.region}" + (f"/{attempt.subnet}" if attempt.subnet else "")
             # From the step's planned time, not now: a retry sends the very same request (real
             # EC2 answers IdempotentParameterMismatch to a token reused with other tags).
             expires_at = intent.time + profile.ttl
-            request = self._request(intent, name, profile, attempt, room.count, expires_at)
+            request = self._request(intent, name, profile, attempt, count, expires_at)
             try:
                 got = self.retrying(
                     partial(client.launch, request, dry_run=dry_run), sleep=waiter.wait
                 )
             except CloudError as exc:
+                if fleet is not None and holder is not None:
+                    self.fleet.cancel(fleet, holder)
                 if exc.kind == "capacity":
                     why.append(f"{attempt.instance_type} in {where}: {exc.code}")
                     log.warning(
@@ -197,7 +246,7 @@ class CloudService:
                     why.append(str(exc))
                     break
                 raise
-            hourly = None if price is None else price * room.count
+            hourly = None if price is None else price * count
             # What one instance of this launch is, in the journal's terms.
             one_of = Managed(
                 instance_id="",
@@ -218,13 +267,12 @@ class CloudService:
             )
             if dry_run:
                 would.append(
-                    f"{room.count} x {attempt.instance_type} ({profile.market}) in {where} "
+                    f"{count} x {attempt.instance_type} ({profile.market}) in {where} "
                     f"at {_money(hourly)}/h"
                 )
-                remaining -= room.count
+                remaining -= count
                 planned += [
-                    replace(one_of, instance_id=f"(would {len(planned) + n})")
-                    for n in range(room.count)
+                    replace(one_of, instance_id=f"(would {len(planned) + n})") for n in range(count)
                 ]
                 continue
             for one in got:
@@ -237,6 +285,9 @@ class CloudService:
                 self.store.add(managed, now)
                 launched.append(managed)
             remaining -= len(got)
+            if fleet is not None and holder is not None:
+                got_ids = [g.instance_id for g in got]
+                self.fleet.settle(fleet, holder, got_ids, price, now, intent.incident)
             log.info(
                 "provision incident=%s profile=%s launched %s x %s in %s: %s",
                 intent.incident,

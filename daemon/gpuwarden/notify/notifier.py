@@ -67,7 +67,7 @@ class Notifier:
         self.grouper = Grouper(
             host,
             timing=timing or (lambda rule: default),
-            accepts=lambda target, severity: routing.accepts(self.notify, target, severity),
+            accepts=self._accepts,
         )
         self._deferred: list[tuple[float, Message]] = []
         self._extra: list[Message] = []
@@ -77,6 +77,14 @@ class Notifier:
         self._held: dict[str, int] = collections.Counter()
         self._summaries = 0
         self.held_total = 0  # drill/dry-run messages counted and not sent, all targets
+
+    def _accepts(self, target: str, severity: str) -> bool:
+        """A target that takes messages of ``severity``. Alertmanager targets take alerts,
+        not messages: ``alerts.AlertBook`` tells them."""
+        spec = self.notify.targets.get(target)
+        if spec is None or spec.type == "alertmanager":
+            return False
+        return routing.accepts(self.notify, target, severity)
 
     # -- in ---------------------------------------------------------------------------------
 
@@ -142,7 +150,7 @@ class Notifier:
         told = 0
         routed = route_as or severity
         for target in dict.fromkeys(targets):
-            if target in self.notify.targets and routing.accepts(self.notify, target, routed):
+            if self._accepts(target, routed):
                 self._extra.append(self._plain(target, "note", key, title, body, severity, now))
                 told += 1
         return told

@@ -279,6 +279,16 @@ class Outbox:
             ).fetchone()
         return None if r is None else _row(r)
 
+    def newer(self, row: OutboxRow) -> bool:
+        """Does the outbox hold a later message for the same target and incidents? (A newer
+        state of an Alertmanager alert: the older one need not be sent.)"""
+        with self._tx(write=False) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM outbox WHERE target = ? AND incident = ? AND created > ? LIMIT 1",
+                (row.target, ",".join(row.incidents), row.created),
+            ).fetchone()
+        return found is not None
+
     def rows(self, *statuses: Status) -> list[OutboxRow]:
         """Rows with one of ``statuses`` (all rows when none is given), oldest first."""
         query = f"SELECT {_COLUMNS} FROM outbox"  # noqa: S608

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 Fallback = Callable[[str], str | None]
 """Target name → the target to try when its budget is spent (None: no fallback)."""
 
+Deliver = Callable[[OutboxRow, list[str], float], tuple[bool, str]]
+"""One attempt for a target not delivered with apprise (an Alertmanager target,
+``alertmanager.Delivery``): (the row, the target's URLs, the timeout) → (ok, detail)."""
+
 
 # -- the thread -------------------------------------------------------------------------------
 
@@ -69,6 +73,7 @@ class Sender:
         resolver: Resolver,
         *,
         fallback: Fallback | None = None,
+        deliverers: Callable[[str], Deliver | None] | None = None,
         policy: RetryPolicy | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
@@ -80,6 +85,7 @@ class Sender:
         self.outbox = outbox
         self.resolver = resolver
         self.fallback = fallback or (lambda _target: None)
+        self.deliverers = deliverers or (lambda _target: None)  # None: apprise
         self.policy = policy or RetryPolicy()
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
@@ -232,8 +238,12 @@ class Sender:
             ok, detail = False, f"cannot read the target's URLs: {exc}"
             urls = []
         else:
-            kind = notify_type(row.severity, row.kind)
-            ok, detail = deliver(urls, row.title, row.body, kind, row.body_format, self.timeout)
+            own = self.deliverers(row.target)
+            if own is not None:
+                ok, detail = own(row, urls, self.timeout)
+            else:
+                kind = notify_type(row.severity, row.kind)
+                ok, detail = deliver(urls, row.title, row.body, kind, row.body_format, self.timeout)
         now = self.clock.now()
         if ok:
             self.outbox.mark_sent(row.key, now)

@@ -1,5 +1,7 @@
 """Notifications as the run loop and the drill use them: the notifier (what to say), the
 outbox in the journal file (nothing is lost) and the sender thread (delivery with retries).
+Alertmanager targets get alerts instead of messages (``alerts.py``, posted by
+``alertmanager.py``), through the same outbox and sender.
 
 The loop calls ``observe`` with each tick's journaled records, ``observe_outcome`` as steps
 finish, and ``flush`` at the end of each tick; ``close`` at shutdown hands everything still held
@@ -10,6 +12,7 @@ was already said and when, so reminders keep their times across a restart.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +22,9 @@ from typing import Any
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
 from gpuwarden.journal.schema import Access
-from gpuwarden.model import GpuState, Intent, Outcome, Reason, RuleChange, Transition
+from gpuwarden.model import GpuProcess, GpuState, Intent, Outcome, Reason, RuleChange, Transition
+from gpuwarden.notify import alertmanager
+from gpuwarden.notify.alerts import AlertBook, labels_of, resend_of
 from gpuwarden.notify.delivery import UrlResult, send_test
 from gpuwarden.notify.grouping import Timing
 from gpuwarden.notify.messages import gpu_facts
@@ -86,8 +91,12 @@ def config_urls(path: Path, tags: Sequence[str]) -> list[str]:
     return found
 
 
-def test_target(config: Config, name: str) -> list[UrlResult]:
-    """``gpuwarden notify-test``: one test message to each URL of the target."""
+def test_target(config: Config, name: str, *, host: str) -> list[UrlResult]:
+    """``gpuwarden notify-test``: one test message to each URL of the target (a test alert,
+    for an Alertmanager target)."""
+    spec = config.notify.targets.get(name)
+    if spec is not None and spec.type == "alertmanager":
+        return alertmanager.send_test(name, resolver(config), host=host)
     return send_test(name, resolver(config))
 
 
@@ -116,17 +125,28 @@ class Notifications:
         )
         self.outbox = Outbox(journal_path, access=access)
         targets = config.notify.targets
+        self.alerts = AlertBook(config, host=host, marker=marker, descriptions=descriptions)
+        # A firing post's endsAt is counted on the real clock, the one Alertmanager reads.
+        posting = alertmanager.Delivery(self.outbox)
+        managers = set(self.alerts.targets())
+        urls = resolver(config)
         self.sender = Sender(
             self.outbox,
-            resolver(config),
+            urls,
             clock=clock,
             fallback=lambda name: targets[name].fallback if name in targets else None,
+            deliverers=lambda name: posting if name in managers else None,
         )
+        watched = {n: functools.partial(urls, n) for n in managers if targets[n].ack_on_silence}
+        poll = min([30.0, *(resend_of(targets[n]) for n in watched)])
+        self.silences = alertmanager.SilenceWatch(watched, host, poll=poll)
         self.background = background
         self.clock: Clock = clock or SystemClock()
         self.queued = 0
+        self._posted: dict[str, dict[str, str]] | None = None  # incident → its alert's labels
         if background:
             self.sender.start()
+            self.silences.start()
 
     def observe(
         self,
@@ -134,7 +154,11 @@ class Notifications:
         gpus: Iterable[GpuState],
         incident_gpus: dict[str, int | None],
         now: float,
+        *,
+        processes: Iterable[GpuProcess] = (),
     ) -> None:
+        gpus = tuple(gpus)
+        self.alerts.observe(records, now, gpus=gpus, processes=processes)
         by_index = {g.index: g for g in gpus}
         facts = {
             incident: gpu_facts(by_index[index])
@@ -185,6 +209,10 @@ class Notifications:
         if len(records) > 1:
             self.notifier.observe(records, now)
             self._resume(incident.id, now)
+            self.alerts.observe(records, now)
+            labels = self._posted_labels().get(incident.id)
+            if labels is not None:  # the labels it was posted with identify its alert
+                self.alerts.restore(incident.id, labels)
         if incident.acked_at is not None:
             self.notifier.ack(incident.id, now)
 
@@ -192,7 +220,9 @@ class Notifications:
         """What the outbox says the group of ``incident`` had already been told: whether it
         was announced, to whom, when last (the next reminder counts from there) and how many
         messages (new message ids start after them)."""
-        rows = self.outbox.about(incident)
+        rows = [
+            r for r in self.outbox.about(incident) if r.target not in set(self.alerts.targets())
+        ]
         if not rows:
             return  # never announced: the group announces itself as usual
         self.notifier.grouper.resume(
@@ -201,6 +231,24 @@ class Notifications:
             last_sent=min(now, max(r.created for r in rows)),
             sequence=len(rows),  # each notice made at least one row
         )
+
+    def _posted_labels(self) -> dict[str, dict[str, str]]:
+        """The labels each incident's alert was last posted with (read from the outbox once,
+        when the first incident is taken back)."""
+        if self._posted is None:
+            managers = set(self.alerts.targets())
+            self._posted = {}
+            for row in self.outbox.rows():  # oldest first: the last post wins
+                if row.target in managers and len(row.incidents) == 1:
+                    labels = labels_of(row.body)
+                    if labels is not None:
+                        self._posted[row.incidents[0]] = labels
+        return self._posted
+
+    def silenced(self) -> dict[str, str]:
+        """Incidents whose alert a silence covers, not reported before (incident → who
+        silenced it): for the loop to acknowledge (targets with ``ack_on_silence``)."""
+        return self.silences.take()
 
     def observe_outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
         self.notifier.observe_outcome(intent, outcome, now)
@@ -229,6 +277,9 @@ class Notifications:
         ``final`` (at a stop): everything grouping still holds, and no reminder; a message
         waiting for quiet hours is queued for the hour they end."""
         due = self.notifier.drain(now) if final else [(now, m) for m in self.notifier.due(now)]
+        due += [
+            (now, m) for m in self.alerts.due(now)
+        ]  # posted at their time: an alert's state is now's
         added = sum(1 for at, message in due if self.outbox.put(message, at))
         self.queued += added
         if added and self.background:
@@ -254,4 +305,5 @@ class Notifications:
                     break
                 time.sleep(0.05)
             self.sender.stop()
+        self.silences.stop()
         self.outbox.close()

@@ -8,11 +8,10 @@ Sources: ``nvml``, ``scenario:FILE[@TIME]`` or ``smi-csv:FILE[@TIME]``; ``@#N`` 
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.config import Config
+from gpuwarden.config import Config, host_name
 from gpuwarden.errors import UsageError
 from gpuwarden.sources import Source
 from gpuwarden.sources.kernel_events import EventFeed, ReplayFeed, WithEvents
@@ -178,7 +177,7 @@ def open_source(
     from gpuwarden.sources.slurm import SlurmJobs
 
     options = options or Options()
-    host = config.host or socket.gethostname()
+    host = host_name(config)
     attributor = Attributor(config.priorities, slurm=SlurmJobs.detect())
     source: Source
     if spec.scheme == "nvml":
