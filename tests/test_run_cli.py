@@ -111,7 +111,7 @@ def test_once_takes_one_tick(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "(DRY-RUN," in result.stderr
+    assert "(shadow mode (--dry-run): recording and notifying, acting on nothing;" in result.stderr
     assert "stopped after 1 tick(s)" in result.stderr
 
 

@@ -362,6 +362,9 @@ class Config(_Strict):
     source: str = "nvml"
     playbooks: Path = Path("/etc/gpuwarden/playbooks")
     state_dir: Path = Path("/var/lib/gpuwarden")
+    # shadow: every step is decided, recorded and notified (marked [DRY-RUN]) and nothing is
+    # acted on; enforce: steps act. ``dry_run: true`` is the older spelling of shadow.
+    mode: Literal["enforce", "shadow"] | None = None
     dry_run: bool = False
     timezone: str = "UTC"
     priorities: Priorities = Priorities()
@@ -371,6 +374,17 @@ class Config(_Strict):
     safety: Safety = Safety()
     metrics: MetricsConfig = MetricsConfig()
     reload: ReloadConfig = ReloadConfig()
+
+    @field_validator("dry_run")
+    @classmethod
+    def _one_mode(cls, value: bool, info: ValidationInfo) -> bool:
+        mode = info.data.get("mode")
+        if mode is not None and (mode == "shadow") != value:
+            raise ValueError(
+                f"{str(value).lower()} contradicts mode: {mode} (dry_run: true is the older "
+                "spelling of mode: shadow); keep mode and remove dry_run"
+            )
+        return value
 
     @field_validator("timezone")
     @classmethod
@@ -403,6 +417,15 @@ class Config(_Strict):
                 f"{list(self.priorities.names)}"
             )
         return self
+
+    @property
+    def shadow(self) -> bool:
+        """Whether nothing is acted on: ``mode: shadow`` (or the older ``dry_run: true``)."""
+        return self.mode == "shadow" if self.mode is not None else self.dry_run
+
+    @property
+    def mode_name(self) -> str:
+        return "shadow" if self.shadow else "enforce"
 
     @property
     def tz(self) -> zoneinfo.ZoneInfo:

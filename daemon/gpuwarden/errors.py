@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 
 class ExitCode(enum.IntEnum):
-    """Documented in README.md ("Exit codes") and checked by a table test."""
+    """Documented in README.md and docs/operations.md ("Exit codes"); tests/test_exit_codes.py
+    compares those tables and the systemd unit with this enum."""
 
     OK = 0
     FAILURE = 1  # an unexpected failure: a bug, report it
@@ -20,6 +21,17 @@ class ExitCode(enum.IntEnum):
     SOURCE_UNAVAILABLE = 3  # no NVML library, no driver, no permission to read the GPUs
     UNSAFE_SETUP = 4  # `run` refused to start: see its self-check findings (gpuwarden doctor)
     INTERRUPTED = 130  # stopped with Ctrl-C
+
+
+# The codes that mean "the configuration is wrong": no restart can fix them, so the unit's
+# RestartPreventExitStatus= lists exactly these (systemd/gpuwarden.service; a test compares
+# them, and the exit-code tables of README.md and docs/operations.md, with this enum).
+CONFIGURATION_WRONG: frozenset[ExitCode] = frozenset({ExitCode.BAD_INPUT, ExitCode.UNSAFE_SETUP})
+
+
+def restarted_by_systemd(code: ExitCode) -> bool:
+    """Whether the unit (``Restart=on-failure``) starts the daemon again after ``code``."""
+    return code != ExitCode.OK and code not in CONFIGURATION_WRONG
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ class Runtime:
             self.pool,
             self.stats,
             rails=Rails(config.safety, journal),
-            dry_run=dry_run or config.dry_run,
+            dry_run=dry_run or config.shadow,
             clock=self.clock,
             source=source,
             source_lock=self._source_lock,
@@ -314,7 +314,9 @@ class Runtime:
             closed = self.engine.replace(result.playbooks, result.config, now)
             self.config = result.config
             self.steps.rails = Rails(result.config.safety, self.journal)
-            self.steps.dry_run = self._forced_dry_run or result.config.dry_run
+            self.steps.dry_run = self._forced_dry_run or result.config.shadow
+            if self.notifications is not None:  # armed or disarmed: messages say which
+                self.notifications.set_shadow(self.steps.dry_run)
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:

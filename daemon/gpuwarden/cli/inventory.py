@@ -69,7 +69,8 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
     lines = [
         f"config     {config_source}",
         f"           tick {format_duration(config.tick)}, timezone {config.timezone}, "
-        f"dry_run {'on' if config.dry_run else 'off'}",
+        f"mode {config.mode_name}"
+        + (" (nothing is acted on)" if config.shadow else " (steps act)"),
         f"priorities {' > '.join(p.names)} (default {p.default}, declared max {p.declared_max})",
     ]
     prot = config.protected

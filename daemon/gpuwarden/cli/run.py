@@ -75,8 +75,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.Config() if found is None else config.load(found)
     paths = playbook_paths(args.playbooks, cfg)
     logging.getLogger("gpuwarden").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    _self_check(args, cfg, paths, found)
+    # A playbook that does not load is bad input (exit 2, file:line:col), like a bad config:
+    # systemd does not restart on it (RestartPreventExitStatus). Then the self-check.
     playbooks = loader.load(paths, cfg)
+    _self_check(args, cfg, paths, found)
     spec = parse_spec(args.source or cfg.source)
     if args.speed is not None and (args.speed <= 0 or not spec.replay):
         raise UsageError(
@@ -104,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         journal.path,
         host=host,
         clock=clock,
-        marker="[DRY-RUN]" if args.dry_run or cfg.dry_run else "",
+        marker="[DRY-RUN]" if args.dry_run or cfg.shadow else "",
         descriptions={r.name: r.spec.description for r in playbooks.rules},
         rules=[r.spec for r in playbooks.rules],
     )
@@ -165,9 +167,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup)
-    mode = "DRY-RUN" if runtime.dry_run else "enforcing"
+    if runtime.dry_run:
+        why = "--dry-run" if args.dry_run else str(found)
+        mode = f"shadow mode ({why}): recording and notifying, acting on nothing"
+    else:
+        mode = "enforcing"
     print(
-        f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}, "
+        f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}; "
         f"journal {journal.path})",
         file=sys.stderr,
     )

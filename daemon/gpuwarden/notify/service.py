@@ -185,6 +185,12 @@ class Notifications:
     def observe_outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
         self.notifier.observe_outcome(intent, outcome, now)
 
+    def set_shadow(self, shadow: bool) -> None:
+        """A reload armed the daemon (``mode: enforce``) or put it in shadow: later messages
+        carry the ``[DRY-RUN]`` marker exactly while nothing is acted on."""
+        if self.notifier.marker in ("", "[DRY-RUN]"):
+            self.notifier.marker = "[DRY-RUN]" if shadow else ""
+
     def ack(self, incident: str, now: float) -> bool:
         return self.notifier.ack(incident, now)
 
