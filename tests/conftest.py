@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,3 +26,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def job_owner() -> Iterator[str]:
+    """A real user (not root) to own spawned jobs (``run_as:`` in a scenario)."""
+    from tests.real_users import CAN_CREATE, temporary_user
+
+    if not CAN_CREATE:
+        pytest.skip("needs root and useradd to create a user")
+    with temporary_user() as name:
+        yield name

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuwarden.config import Priorities
+from gpuwarden.errors import InputError
 from gpuwarden.model import (
     Ecc,
     Event,
@@ -134,6 +135,7 @@ class ScenarioSource:
     ) -> None:
         self.scenario = scenario
         self.name = f"scenario:{path}" if path else f"scenario:{scenario.name}"
+        self._path = path or scenario.name
         self.duration = scenario.duration
         if start_time is None:
             start = scenario.start or dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -179,8 +181,20 @@ class ScenarioSource:
             if isinstance(job.ack, str) and job.ack == "never"
             else ("0" if job.ack == "immediate" else f"{job.ack}")
         )
+        try:
+            return self._start(job, ack)
+        except ValueError as exc:  # run_as: no such user, or not root
+            raise InputError.at(self._path, None, None, f"job {job.id!r}: {exc}") from None
+
+    def _start(self, job: JobSpec, ack: str) -> Standin:
         return spawn(
-            job.id, job.cmdline, dict(job.env), self.workdir / job.id, on_term=job.on_term, ack=ack
+            job.id,
+            job.cmdline,
+            dict(job.env),
+            self.workdir / job.id,
+            on_term=job.on_term,
+            ack=ack,
+            run_as=job.run_as,
         )
 
     def pid_of(self, job_id: str) -> int:
