@@ -61,6 +61,15 @@ def resolver(config: Config) -> Any:
     return urls
 
 
+def _resolvable(urls_of: Any, name: str) -> bool:
+    """Whether a target's URLs can be read now (the start-up self-check reports one that
+    cannot, with its reason; the sender then retries it quietly)."""
+    try:
+        return bool(urls_of(name))
+    except (ValueError, OSError):
+        return False
+
+
 def config_urls(path: Path, tags: Sequence[str]) -> list[str]:
     """The URLs of an apprise configuration file (text or YAML), only those carrying one of
     ``tags`` when tags are given (apprise's own tag filter)."""
@@ -111,11 +120,13 @@ class Notifications:
         )
         self.outbox = Outbox(journal_path)
         targets = config.notify.targets
+        urls_of = resolver(config)
         self.sender = Sender(
             self.outbox,
-            resolver(config),
+            urls_of,
             clock=clock,
             fallback=lambda name: targets[name].fallback if name in targets else None,
+            unresolved=[name for name in targets if not _resolvable(urls_of, name)],
         )
         self.background = background
         self.clock: Clock = clock or SystemClock()
