@@ -196,7 +196,9 @@ def test_the_gpuwarden_config_variable_is_honoured(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        f"{bad}:4:14: notify.targets.oncall.urlz: unknown field",
+        f"{bad}:4:14: notify.targets.oncall.urlz: unknown field 'urlz' — expected one of urls, "
+        "config, tags, min_severity, quiet_hours, fallback, body_format",
+        "  hint: did you mean urls?",
         "check failed: 1 problem",
     ]
     # --config wins over the variable

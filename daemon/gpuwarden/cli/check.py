@@ -35,7 +35,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--strict",
         action="store_true",
-        help="fail (exit 1) on warnings too, such as missing cloud credentials",
+        help="fail (exit 1) on warnings too, such as a kill without select in a host rule "
+        "or missing cloud credentials",
     )
     check.add_argument(
         "--allow-silent",
@@ -137,7 +138,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.BAD_INPUT
-    warnings = credential_warnings(cfg)
+    warnings = [p.render() for p in playbooks.warnings] + credential_warnings(cfg)
     if silent and not cfg.shadow:  # --allow-silent: said, and accepted
         warnings += [p.render() for p in silent]
     for warning in warnings:

@@ -7,7 +7,7 @@ The set loads whole or not at all: every problem in every file is collected and 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpuwarden import yamlfile
@@ -43,6 +43,8 @@ WHEN_ROOTS = {
 }
 SELECT_ROOTS = frozenset({"process", "gpu", "host", "time", "event"})
 DEFAULT_ORDER = ("priority", "-gpu_memory_mib", "age_s")
+# Steps that stop work: without `select` in a host rule they may choose any process at all.
+UNBOUNDED_KINDS = frozenset({"kill", "suspend"})
 PLAYBOOK_SUFFIXES = (".yaml", ".yml")
 # Signals a job can catch to save its state, and those a kill may start with.
 CHECKPOINT_SIGNALS = frozenset(
@@ -116,6 +118,8 @@ class PlaybookSet:
     series: tuple[Series, ...]
     files: tuple[str, ...]
     compiler: Compiler
+    # What loads but is probably not what the author meant (``gpuwarden check`` shows them).
+    warnings: tuple[Problem, ...] = ()
 
     def rule(self, name: str) -> CompiledRule | None:
         return next((r for r in self.rules if r.name == name), None)
@@ -147,6 +151,7 @@ class _FileCompiler:
         self.compiler = compiler
         self.config = config
         self.problems: list[Problem] = []
+        self.warnings: list[Problem] = []
 
     def expr(self, path: yamlfile.KeyPath, text: str, roots: frozenset[str]) -> Compiled | None:
         try:
@@ -257,6 +262,16 @@ class _FileCompiler:
         order: list[OrderKey] = []
         if isinstance(params, Selection):
             assert step.kind in SELECTING_KINDS
+            if rule.for_each == "host" and step.kind in UNBOUNDED_KINDS and not params.select:
+                self.warnings.append(
+                    self.located.problem(
+                        kind_at,
+                        f"{step.kind} without select in a host rule chooses among every "
+                        "process on every GPU of the machine",
+                        hint=f"say which: {step.kind}: {{select: process.priority <= low}} "
+                        "(and free_until or limit to stop early)",
+                    )
+                )
             free_roots = WHEN_ROOTS["host" if rule.for_each == "host" else "gpu"]
             if params.select is not None:
                 select = self.expr((*kind_at, "select"), params.select, SELECT_ROOTS)
@@ -332,17 +347,19 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
     if not files:
         where = ", ".join(str(p) for p in paths) or "(nothing given)"
         raise InputError.at(where, None, None, "no playbook files found", "*.yaml or *.yml files")
+    warnings: list[Problem] = []
     for path in files:
         try:
             located = yamlfile.load(path)
             if not isinstance(located.data, dict):
                 raise located.error((), "a playbook file must be a mapping", "rules: [...]")
-            document = yamlfile.validate(PlaybookFile, located)
         except InputError as exc:
             problems.extend(exc.problems)
             continue
+        valid, found = _validated_rules(located)
         fc = _FileCompiler(located, compiler, config)
-        for index, rule in enumerate(document.rules):
+        fc.problems.extend(found)
+        for index, rule in valid:
             compiled = fc.rule(index, rule)
             if rule.name in first_seen:
                 file, line = first_seen[rule.name]
@@ -357,7 +374,40 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
                 first_seen[rule.name] = (located.file, located.where(("rules", index))[0])
             if compiled is not None:
                 rules.append(compiled)
-        problems.extend(fc.problems)
+        problems.extend(yamlfile.in_file_order(fc.problems))
+        warnings.extend(yamlfile.in_file_order(fc.warnings))
     if problems:
         raise InputError(problems)
-    return PlaybookSet(tuple(rules), tuple(compiler.series), tuple(str(f) for f in files), compiler)
+    return PlaybookSet(
+        tuple(rules),
+        tuple(compiler.series),
+        tuple(str(f) for f in files),
+        compiler,
+        tuple(warnings),
+    )
+
+
+def _validated_rules(located: yamlfile.Located) -> tuple[list[tuple[int, Rule]], list[Problem]]:
+    """The rules of a file that validate, by index, and the problems of the file's structure.
+    Each rule is validated on its own, so that one rule's structure problem does not hide
+    another rule's expression problem: both are reported in the same run."""
+    data = located.data
+    items = data.get("rules")
+    if not isinstance(items, list):  # the file's own shape is wrong: say that, as a whole
+        try:
+            document = yamlfile.validate(PlaybookFile, located)
+        except InputError as exc:
+            return [], exc.problems
+        return list(enumerate(document.rules)), []
+    problems: list[Problem] = []
+    try:
+        yamlfile.validate(PlaybookFile, replace(located, data={**data, "rules": []}))
+    except InputError as exc:
+        problems.extend(exc.problems)
+    valid: list[tuple[int, Rule]] = []
+    for index in range(len(items)):
+        try:
+            valid.append((index, yamlfile.validate(Rule, located, ("rules", index))))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    return valid, problems
