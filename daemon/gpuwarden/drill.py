@@ -14,8 +14,10 @@ credentials, the IAM permissions and the parameters and launches nothing.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from gpuwarden.clock import SimClock
 from gpuwarden.cloud import plan
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
-from gpuwarden.model import Intent, Outcome, RuleChange, Target
+from gpuwarden.model import Intent, Outcome, RuleChange, Snapshot, Target
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.sources.scenario import ScenarioSource
 
@@ -41,6 +43,9 @@ class Summary:
     open_at_end: list[str] = field(default_factory=list)
     notified: int = 0  # messages delivered (drill --notify)
     notify_queued: int = 0
+    messages: int = 0  # messages the run would send (shown in the timeline)
+    start: float = 0.0  # the scenario's start, and the time zone its wall-clock times use
+    zone: dt.tzinfo = dt.UTC
 
 
 def _target(target: Target, source: ScenarioSource) -> dict[str, Any]:
@@ -123,7 +128,18 @@ def _change_record(change: RuleChange, t: float) -> dict[str, Any]:
         record["incident"] = change.incident
     if change.detail:
         record["detail"] = change.detail
+    if change.values:
+        record["values"] = {name: _plain(value) for name, value in change.values}
     return record
+
+
+def _plain(value: object) -> object:
+    """A value as JSON holds it (a list field is a tuple in the engine)."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def run(
@@ -138,10 +154,13 @@ def run(
 ) -> Iterator[dict[str, Any]]:
     """Yield the drill's timeline, one record at a time (see docs/playbooks.md, "Drills").
 
-    With ``notify`` (a journal file for the drill's own outbox) the messages the run would send
-    are really delivered to the config's targets, marked ``[DRILL]``; otherwise nobody is told.
-    With ``cloud`` (a journal file for the drill's own instance records) each provision step
-    is put to EC2 as a ``DryRun`` launch, and its record's ``cloud.ec2`` says how EC2 answered.
+    Every record carries ``t`` (seconds from the scenario's start) and ``at`` (that instant
+    on the wall clock, in the time zone of the scenario's ``start``). The messages the run
+    would send come as ``message`` records with the text they would carry, marked
+    ``[DRILL]``; with ``notify`` (a journal file for the drill's own outbox) they are really
+    delivered to the config's targets, otherwise nobody is told. With ``cloud`` (a journal
+    file for the drill's own instance records) each provision step is put to EC2 as a
+    ``DryRun`` launch, and its record's ``cloud.ec2`` says how EC2 answered.
     """
     interval = tick or config.tick
     summary = summary if summary is not None else Summary()
@@ -151,26 +170,23 @@ def run(
         contextlib.ExitStack() as closing,
     ):
         engine = Engine(playbooks, config)
+        begins = source.scenario.start
+        zone: dt.tzinfo = begins.tzinfo if begins and begins.tzinfo else dt.UTC
+        summary.start, summary.zone = source.start_time, zone
         asker = None
         if cloud is not None and config.cloud.profiles:
             asker = _CloudAsker(config, cloud, config.host or source.scenario.host)
             closing.callback(asker.close)
         clock = SimClock(start=source.start_time)
-        told = None
-        if notify is not None:
-            from gpuwarden.notify.service import FLUSH_AHEAD, Notifications
-
-            told = Notifications(
-                config,
-                notify,
-                host=source.scenario.host,
-                marker="[DRILL]",
-                background=False,
-                clock=clock,
-                descriptions={r.name: r.spec.description for r in playbooks.rules},
-                rules=[r.spec for r in playbooks.rules],
-            )
+        messages = _Messages(config, playbooks, source.scenario.host, clock, notify)
+        closing.callback(messages.close)
         steps = int(source.duration / interval + 1e-9)
+        now = source.start_time
+
+        def stamp(record: dict[str, Any]) -> dict[str, Any]:
+            record["at"] = _wall(now, zone)
+            return record
+
         for n in range(steps + 1):
             now = source.start_time + n * interval
             clock.advance(now - clock.now())
@@ -178,35 +194,34 @@ def run(
             snapshot = source.snapshot(now)
             result = engine.step(snapshot, now)
             summary.ticks += 1
-            if told is not None:
-                told.observe(
-                    result.records, snapshot.gpus, {i.id: i.gpu for i in engine.incidents}, now
-                )
+            messages.observe(result.records, snapshot, engine.incidents, now)
             for item in result.records:
                 if isinstance(item, RuleChange):
                     if item.kind == "firing":
                         summary.fired += 1
                     elif item.kind == "resolved":
                         summary.resolved += 1
-                    yield _change_record(item, t)
+                    yield stamp(_change_record(item, t))
                     continue
                 intent = item
                 record = _step_record(intent, t, source, config)
                 if asker is not None and record.get("cloud") is not None:
                     record["cloud"]["ec2"] = asker.ask(intent, now)
-                yield record
+                yield stamp(record)
                 for skipped in intent.skipped:
-                    yield {
-                        "t": round(t, 3),
-                        "kind": "skip",
-                        "rule": intent.rule,
-                        "scope": intent.scope,
-                        "where": intent.where,
-                        "incident": intent.incident,
-                        "step": intent.label,
-                        "targets": [_target(skipped.target, source)],
-                        "reason": str(skipped.reason),
-                    }
+                    yield stamp(
+                        {
+                            "t": round(t, 3),
+                            "kind": "skip",
+                            "rule": intent.rule,
+                            "scope": intent.scope,
+                            "where": intent.where,
+                            "incident": intent.incident,
+                            "step": intent.label,
+                            "targets": [_target(skipped.target, source)],
+                            "reason": str(skipped.reason),
+                        }
+                    )
                 summary.steps[intent.kind] = summary.steps.get(intent.kind, 0) + 1
                 summary.targets.update(x.pid for x in intent.targets)
                 if intent.kind == "kill" and not intent.shadow:
@@ -214,18 +229,113 @@ def run(
                         source.vanish(target.pid)
                 outcome = Outcome(ok=True, dry_run=True, detail="drill: simulated")
                 engine.complete(intent.id, outcome)
-                if told is not None:
-                    told.observe_outcome(intent, outcome, now)
-            if told is not None:
-                told.flush(now)
+                messages.outcome(intent, outcome, now)
+            for message in messages.due(now):
+                summary.messages += 1
+                yield stamp(_message_record(message, t))
         summary.simulated_s = steps * interval
         summary.open_at_end = [i.id for i in engine.incidents]
-        if told is not None:
-            told.flush(clock.now(), ahead=FLUSH_AHEAD)
-            summary.notified = told.deliver_now()
-            summary.notify_queued = told.queued
-            told.close(clock.now())
+        # What grouping still holds when the scenario ends goes out within a group interval:
+        # shown at the time it would go.
+        end = now
+        while (now := now + interval) <= end + messages.longest_interval + 1e-9:
+            clock.advance(now - clock.now())
+            for message in messages.due(now):
+                summary.messages += 1
+                yield stamp(_message_record(message, now - source.start_time))
+        summary.notified, summary.notify_queued = messages.deliver(clock.now())
     summary.wall_s = time.perf_counter() - began
+
+
+class _Messages:
+    """The notifications of a drill: composed by the daemon's own notifier (marked
+    ``[DRILL]``), and with ``notify`` also written to the drill's outbox and delivered."""
+
+    def __init__(
+        self,
+        config: Config,
+        playbooks: PlaybookSet,
+        host: str,
+        clock: SimClock,
+        notify: Path | None,
+    ) -> None:
+        from gpuwarden.notify.notifier import Notifier
+        from gpuwarden.notify.service import IncidentFacts, timings
+
+        rules = [r.spec for r in playbooks.rules]
+        descriptions = {r.name: r.spec.description for r in playbooks.rules}
+        self.told = None
+        if notify is not None:
+            from gpuwarden.notify.service import Notifications
+
+            self.told = Notifications(
+                config,
+                notify,
+                host=host,
+                marker="[DRILL]",
+                background=False,
+                clock=clock,
+                descriptions=descriptions,
+                rules=rules,
+            )
+            self.notifier = self.told.notifier
+        else:
+            self.notifier = Notifier(
+                config,
+                host=host,
+                marker="[DRILL]",
+                descriptions=descriptions,
+                timing=timings(config, rules),
+            )
+        self.facts = IncidentFacts()
+        self.longest_interval = max(
+            [config.notify.group_interval, *(r.group_interval or 0.0 for r in rules)]
+        )
+        self._clock = clock
+
+    def observe(
+        self, records: Sequence[Any], snapshot: Snapshot, incidents: Sequence[Any], now: float
+    ) -> None:
+        self.notifier.observe(records, now, incidents=self.facts.of(snapshot, incidents))
+
+    def outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
+        self.notifier.observe_outcome(intent, outcome, now)
+
+    def due(self, now: float) -> list[Any]:
+        due = self.notifier.due(now)
+        if self.told is not None:
+            self.told.queued += sum(1 for m in due if self.told.outbox.put(m, now))
+        return due
+
+    def deliver(self, now: float) -> tuple[int, int]:
+        """With ``notify``: deliver what the outbox holds; (delivered, queued)."""
+        if self.told is None:
+            return 0, 0
+        from gpuwarden.notify.service import FLUSH_AHEAD
+
+        self.told.flush(now, ahead=FLUSH_AHEAD)
+        return self.told.deliver_now(), self.told.queued
+
+    def close(self) -> None:
+        if self.told is not None:
+            self.told.close(self._clock.now())
+
+
+def _message_record(message: Any, t: float) -> dict[str, Any]:
+    return {
+        "t": round(t, 3),
+        "kind": "message",
+        "target": message.target,
+        "message": message.kind,
+        "severity": message.severity,
+        "incidents": list(message.incidents),
+        "title": message.title,
+        "body": message.body,
+    }
+
+
+def _wall(now: float, zone: dt.tzinfo) -> str:
+    return dt.datetime.fromtimestamp(now, zone).isoformat(timespec="seconds")
 
 
 class _Pause:
@@ -292,10 +402,24 @@ def _who(target: dict[str, Any]) -> str:
     return f"pid {target['pid']}{job} {target.get('user') or '?'}/{target['priority']}{memory}"
 
 
+def _when(record: dict[str, Any]) -> str:
+    """``+0:02:04  Sat 03:00:04``: from the scenario's start, and on its wall clock."""
+    head = _clock(record["t"])
+    at = record.get("at")
+    if at:
+        head += "  " + dt.datetime.fromisoformat(at).strftime("%a %H:%M:%S")
+    return head
+
+
 def render_record(record: dict[str, Any]) -> str:
-    """One timeline line for people (``--json`` prints the record itself)."""
+    """One timeline entry for people (``--json`` prints the record itself)."""
     kind = record["kind"]
-    head = f"{_clock(record['t'])}  {record['rule']}  {record.get('where') or record['scope']}"
+    when = _when(record)
+    indent = " " * len(when)
+    if kind == "message":
+        body = "\n".join(f"{indent}    │ {line}".rstrip() for line in record["body"].splitlines())
+        return f"{when}  MESSAGE → {record['target']}: {record['title']}\n{body}"
+    head = f"{when}  {record['rule']}  {record.get('where') or record['scope']}"
     reason = record["reason"].replace("_", " ")
     if kind == "step":
         targets = record.get("targets") or []
@@ -318,10 +442,10 @@ def render_record(record: dict[str, Any]) -> str:
         ec2 = (record.get("cloud") or {}).get("ec2")
         if ec2 is not None:
             verdict = "ok" if ec2["ok"] else "NOT OK"
-            line += f"\n{' ' * len(_clock(record['t']))}    EC2 DryRun {verdict}: {ec2['detail']}"
+            line += f"\n{indent}    EC2 DryRun {verdict}: {ec2['detail']}"
         return line
     if kind == "skip":
-        return f"{' ' * len(_clock(record['t']))}    skip {_who(record['targets'][0])}: {reason}"
+        return f"{indent}    skip {_who(record['targets'][0])}: {reason}"
     detail = f" ({record['detail']})" if record.get("detail") else ""
     return f"{head}  {kind.upper()}: {reason}{detail}"
 
@@ -336,6 +460,11 @@ def render_summary(summary: Summary, scenario: str, rules: int) -> str:
         f"{len(summary.open_at_end)}",
         f"  steps: {steps}; processes targeted: {len(summary.targets)}",
     ]
+    start = dt.datetime.fromtimestamp(summary.start, summary.zone)
+    lines.append(
+        f"  messages: {summary.messages} [DRILL] message(s) composed; times are +H:MM:SS from "
+        f"the scenario's start, {start:%a %Y-%m-%d %H:%M:%S} {start.tzname()}"
+    )
     if summary.notify_queued:
         lines.append(
             f"  notifications: {summary.notified} of {summary.notify_queued} "

@@ -382,3 +382,6 @@ class RuleChange:
     incident: str | None = None
     detail: str = ""
     where: str = ""  # the scope as people read it: "GPU 0", "pid 4242 on GPU 1"
+    # What the condition read when it changed: (field, value) in the order the text names
+    # them, such as (("gpu.memory.used_pct", 95.3),). ``detail`` says the same for people.
+    values: tuple[tuple[str, object], ...] = ()

@@ -177,9 +177,7 @@ class Runtime:
         # previous run planned) comes back refused and is never run twice.
         written = self.journal.record_all(result.records, now, self.engine.incidents)
         if self.notifications is not None:
-            self.notifications.observe(
-                written, snapshot.gpus, {i.id: i.gpu for i in self.engine.incidents}, now
-            )
+            self.notifications.observe(written, snapshot, self.engine.incidents, now)
         for record in written:
             if isinstance(record, Intent):
                 self.steps.dispatch(record, now)

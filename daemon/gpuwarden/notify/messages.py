@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwarden.model import GpuState, Intent, Outcome, Target
+from gpuwarden.model import GpuProcess, GpuState, Intent, Outcome, ProcessInfo, Target
 from gpuwarden.notify.grouping import Notice
 from gpuwarden.playbook.templates import render
 from gpuwarden.units import format_duration
@@ -174,9 +174,43 @@ def gpu_facts(gpu: GpuState) -> dict[str, str]:
     return facts
 
 
+# Who and what an incident is about (the ``${gpu}``, ``${user}``, ``${pid}``, ``${job}``,
+# ``${command}`` of a message): names, not measurements, so never in the values line.
+IDENTITY_FACT_NAMES: tuple[str, ...] = ("gpu", "user", "pid", "job", "command")
+
+
+def job_of(info: ProcessInfo) -> str | None:
+    """The job a process belongs to, as people name it: its Slurm job id, else its
+    Kubernetes pod, else its container (12 characters), else its systemd unit."""
+    if info.slurm_job:
+        return info.slurm_job
+    if info.pod:
+        return info.pod
+    if info.container:
+        return info.container[:12]
+    return info.systemd_unit or None
+
+
+def process_facts(proc: GpuProcess) -> dict[str, str]:
+    """The identity of the process a process rule's incident is about (raw; escaped when
+    substituted)."""
+    info = proc.info
+    facts = {"gpu": str(proc.gpu), "pid": str(proc.pid)}
+    if info.user:
+        facts["user"] = info.user
+    job = job_of(info)
+    if job:
+        facts["job"] = job
+    if info.command:
+        facts["command"] = info.command
+    return facts
+
+
 def values_line(where: str, facts: Mapping[str, str]) -> str:
     """``GPU 0: memory 97.6 % used (…), temperature 76 °C`` (raw; escape before use)."""
-    shown = [f"{k} {v}" for k, v in facts.items() if k != "description"]
+    shown = [
+        f"{k} {v}" for k, v in facts.items() if k != "description" and k not in IDENTITY_FACT_NAMES
+    ]
     return f"{where}: " + ", ".join(shown) if shown else ""
 
 

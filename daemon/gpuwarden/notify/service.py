@@ -9,17 +9,18 @@ to the outbox, which a restarted daemon delivers.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
-from gpuwarden.model import GpuState, Intent, Outcome, Reason, RuleChange, Transition
+from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Snapshot, Transition
 from gpuwarden.notify.delivery import UrlResult, send_test
 from gpuwarden.notify.grouping import Timing
-from gpuwarden.notify.messages import gpu_facts
+from gpuwarden.notify.messages import gpu_facts, process_facts
 from gpuwarden.notify.notifier import Notifier
 from gpuwarden.notify.outbox import Outbox
 from gpuwarden.notify.routing import resolve_urls
@@ -98,6 +99,61 @@ def test_target(config: Config, name: str) -> list[UrlResult]:
     return send_test(name, resolver(config))
 
 
+class OpenIncident(Protocol):
+    """What the facts of an open incident are read from (the engine's ``Incident``)."""
+
+    id: str
+    scope: str
+    gpu: int | None
+
+
+_PROCESS_SCOPE = re.compile(r"^gpu:(\d+)/pid:(\d+)@")
+
+
+class IncidentFacts:
+    """The facts each open incident's messages show: its GPU's current values, and who and
+    what it is about — the GPU, and for a process rule the process's pid, user, job and
+    command, read when the incident is first seen and kept (a killed process is gone from
+    later snapshots, but its resolve message still names it)."""
+
+    def __init__(self) -> None:
+        self._identity: dict[str, dict[str, str]] = {}
+
+    def of(
+        self, snapshot: Snapshot, incidents: Iterable[OpenIncident]
+    ) -> dict[str, dict[str, str]]:
+        gpus = {g.index: g for g in snapshot.gpus}
+        out: dict[str, dict[str, str]] = {}
+        seen: set[str] = set()
+        for incident in incidents:
+            seen.add(incident.id)
+            identity = self._identity.get(incident.id)
+            if identity is None:
+                identity = self._identify(snapshot, incident)
+                if identity is not None:
+                    self._identity[incident.id] = identity
+            if incident.gpu is not None and incident.gpu not in gpus:
+                continue  # nothing new to show: its last values stay
+            facts = dict(identity or {})
+            if incident.gpu is not None:
+                facts.update(gpu_facts(gpus[incident.gpu]))
+            if facts:
+                out[incident.id] = facts
+        for gone in set(self._identity) - seen:
+            del self._identity[gone]
+        return out
+
+    @staticmethod
+    def _identify(snapshot: Snapshot, incident: OpenIncident) -> dict[str, str] | None:
+        """None: a process incident whose process this snapshot does not show (yet)."""
+        found = _PROCESS_SCOPE.match(incident.scope)
+        if found is None:
+            return {} if incident.gpu is None else {"gpu": str(incident.gpu)}
+        gpu, pid = int(found.group(1)), int(found.group(2))
+        proc = next((p for p in snapshot.processes if p.pid == pid and p.gpu == gpu), None)
+        return None if proc is None else process_facts(proc)
+
+
 class Notifications:
     def __init__(
         self,
@@ -131,23 +187,20 @@ class Notifications:
         self.background = background
         self.clock: Clock = clock or SystemClock()
         self.queued = 0
+        self.facts = IncidentFacts()
         if background:
             self.sender.start()
 
     def observe(
         self,
         records: Sequence[RuleChange | Intent],
-        gpus: Iterable[GpuState],
-        incident_gpus: dict[str, int | None],
+        snapshot: Snapshot,
+        incidents: Iterable[OpenIncident],
         now: float,
     ) -> None:
-        by_index = {g.index: g for g in gpus}
-        facts = {
-            incident: gpu_facts(by_index[index])
-            for incident, index in incident_gpus.items()
-            if index is not None and index in by_index
-        }
-        self.notifier.observe(records, now, incidents=facts)
+        """One tick's journaled records; ``incidents``: the engine's open incidents, whose
+        current values (and identity) their next messages show."""
+        self.notifier.observe(records, now, incidents=self.facts.of(snapshot, incidents))
 
     def restore(self, incident: Any, timeline: Sequence[Any], now: float) -> None:
         """Take back an incident a previous run left open: replay its firing and its notify

@@ -251,9 +251,7 @@ class Translator(CallsTranslator):
         body = parts[0] if len(parts) == 1 else ast.BoolOp(op=ast.And(), values=parts)
         return Typed(body, "boolean", False, node)
 
-    def _quote_hint(
-        self, exc: ExprError, sources: list[ast.expr], done: list[Typed]
-    ) -> ExprError:
+    def _quote_hint(self, exc: ExprError, sources: list[ast.expr], done: list[Typed]) -> ExprError:
         """An unknown bare name compared with a string field is a string without quotes:
         ``process.user == bob`` means ``process.user == "bob"``. Say so."""
         if not exc.message.startswith("unknown name "):

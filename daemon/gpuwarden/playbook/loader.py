@@ -91,6 +91,22 @@ class CompiledStep:
 
 
 @dataclass(frozen=True)
+class Show:
+    """A field a condition reads, compiled as a value; ``names``: for a priority field, the
+    class names by rank (the expression reads a class as its rank)."""
+
+    field: str
+    value: Compiled
+    names: tuple[str, ...] | None = None
+
+    def read(self, env: dict[str, object]) -> object:
+        found = self.value.evaluate(env)
+        if self.names is not None and isinstance(found, int) and 0 <= found < len(self.names):
+            return self.names[found]
+        return found
+
+
+@dataclass(frozen=True)
 class CompiledRule:
     spec: Rule
     file: str
@@ -100,6 +116,10 @@ class CompiledRule:
     active: ActiveWindows | None
     every: Schedule | None
     steps: tuple[CompiledStep, ...]
+    # The fields `when` and `until` read, each compiled as a value: what a transition shows
+    # ("the value that met the condition"), evaluated only when the rule changes state.
+    shows: tuple[Show, ...] = ()
+    until_shows: tuple[Show, ...] = ()
     # The rule's name, read for every evaluation: a plain attribute, not the model's.
     name: str = field(init=False)
 
@@ -192,6 +212,22 @@ class _FileCompiler:
             active,
             every,
             tuple(s for s in steps if s is not None),
+            self.shows(when, roots),
+            self.shows(until, roots) if until is not None else (),
+        )
+
+    def shows(self, condition: Compiled, roots: frozenset[str]) -> tuple[Show, ...]:
+        """The fields ``condition`` reads, in the order its text names them, as values."""
+        fields = sorted(condition.fields, key=lambda f: (condition.text.find(f), f))
+        ranks = self.compiler.ranks
+        names = tuple(sorted(ranks, key=ranks.__getitem__))  # rank r is names[r]
+        return tuple(
+            Show(
+                f,
+                self.compiler.compile(f, roots=roots, kind="value"),
+                names if FIELDS[f].type == "priority" else None,
+            )
+            for f in fields
         )
 
     def _window_problem(self, path: yamlfile.KeyPath, value: object, exc: WindowError) -> Problem:
