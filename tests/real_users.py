@@ -30,3 +30,17 @@ def temporary_user(prefix: str = "gwjob") -> Iterator[str]:
         yield name
     finally:
         subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def run_as(scenario_text: str, users: dict[str, str]) -> str:
+    """A scenario's text with each spawned job in ``users`` (job id -> user) run as that
+    user (``run_as:``)."""
+    out = []
+    job = None
+    for line in scenario_text.splitlines(keepends=True):
+        if line.startswith("  - id: "):
+            job = line.split(":", 1)[1].strip()
+        out.append(line)
+        if line == "    spawn: true\n" and job in users:
+            out.append(f"    run_as: {users[job]}\n")
+    return "".join(out)

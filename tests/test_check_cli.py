@@ -197,7 +197,8 @@ def test_the_gpuwarden_config_variable_is_honoured(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"{bad}:4:14: notify.targets.oncall.urlz: unknown field 'urlz' — expected one of urls, "
-        "config, tags, min_severity, quiet_hours, fallback, body_format",
+        "config, tags, min_severity, quiet_hours, fallback, body_format, owners, owner_mail, "
+        "advice",
         "  hint: did you mean urls?",
         "check failed: 1 problem",
     ]

@@ -681,7 +681,8 @@ def test_a_notify_message_may_only_use_known_placeholders(tmp_path: Path) -> Non
     with pytest.raises(InputError) as caught:
         loader.load([path], cfg)
     (problem,) = caught.value.problems
-    assert problem.message == "unknown placeholder ${hostname} in the message"
+    assert problem.message == "unknown placeholder ${hostname} in the message of a gpu rule"
+    assert problem.hint == "did you mean ${host}?"
     assert problem.line == 5
     path.write_text(path.read_text().replace("${hostname}", "${host}"))
     assert [r.name for r in loader.load([path], cfg).rules] == ["r"]

@@ -166,8 +166,36 @@ class Secret(_Strict):
         return self
 
 
+# A user name as an owner target may be told about it (and as an e-mail address's local part).
+USER_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*\$?$"
+
+
+class OwnerMail(_Strict):
+    """Mail to ``USER@domain`` for the owners the ``owners`` table does not list: ``url`` is
+    an apprise ``mailto://`` or ``mailtos://`` URL of the mail server and sender, without
+    ``to=`` (gpuwarden adds it), e.g. ``mailtos://gpuwarden:PASSWORD@smtp.example.com?from=
+    gpuwarden@example.com`` — or a secret holding one."""
+
+    url: str | Secret
+    domain: str = Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+
+    @field_validator("url")
+    @classmethod
+    def _mail_url(cls, value: str | Secret) -> str | Secret:
+        if isinstance(value, str):
+            scheme = value.partition("://")[0].lower()
+            if scheme not in ("mailto", "mailtos"):
+                raise ValueError(
+                    f"an owner mail url starts mailto:// or mailtos://, not {scheme}://"
+                )
+            if re.search(r"[?&]to=", value):
+                raise ValueError("leave to= out of the url: each owner's address is added to it")
+        return value
+
+
 class NotifyTarget(_Strict):
-    """A named destination for messages: apprise URLs (or a secret holding them)."""
+    """A named destination for messages: apprise URLs (or a secret holding them); or, with
+    ``owners`` or ``owner_mail``, the owner of each process a step acted on."""
 
     urls: tuple[str | Secret, ...] = ()
     config: Path | None = None
@@ -177,6 +205,23 @@ class NotifyTarget(_Strict):
     fallback: str | None = None
     # How message bodies are written for this target; facts are escaped for it.
     body_format: Literal["text", "markdown", "html"] = "text"
+    # An owner target: user name -> apprise URL (or a secret), and mail for everyone else.
+    owners: dict[Annotated[str, Field(pattern=USER_NAME)], str | Secret] = Field(
+        default_factory=dict
+    )
+    owner_mail: OwnerMail | None = None
+    # How an owner can avoid it next time (site words: a partition, a channel to ask in).
+    advice: str | None = None
+
+    @property
+    def for_owners(self) -> bool:
+        return bool(self.owners) or self.owner_mail is not None
+
+    def reaches(self, user: str | None) -> bool:
+        """Whether this owner target has an address for ``user``."""
+        if user is None or not re.fullmatch(USER_NAME, user):
+            return False
+        return user in self.owners or self.owner_mail is not None
 
     @field_validator("quiet_hours")
     @classmethod
@@ -187,8 +232,17 @@ class NotifyTarget(_Strict):
 
     @model_validator(mode="after")
     def _has_destination(self) -> NotifyTarget:
+        if self.for_owners:
+            if self.urls or self.config is not None:
+                raise ValueError(
+                    "an owner target (owners, owner_mail) tells each process's owner: it takes "
+                    "no urls or config; make those another target"
+                )
+            return self
+        if self.advice is not None:
+            raise ValueError("advice is for owner targets (with owners or owner_mail)")
         if not self.urls and self.config is None:
-            raise ValueError("a target needs urls or an apprise config file")
+            raise ValueError("a target needs urls, an apprise config file, or owners")
         return self
 
 
@@ -410,6 +464,11 @@ class Config(_Strict):
                 raise ValueError(
                     f"notify target {name!r} falls back to an unknown target {target.fallback!r}"
                 )
+        if self.notify.admin is not None and targets[self.notify.admin].for_owners:
+            raise ValueError(
+                f"notify.admin names the owner target {self.notify.admin!r}; the admin target "
+                "needs urls"
+            )
         unknown = [p for p in self.protected.priorities if p not in self.priorities.names]
         if unknown:
             raise ValueError(

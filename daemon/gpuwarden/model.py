@@ -157,6 +157,18 @@ class ProcessInfo:
         return self.checkpoint_signal is not None
 
     @property
+    def job(self) -> str | None:
+        """The job this process belongs to, as people name it: its Slurm job id, else its
+        Kubernetes pod, else its container (12 characters), else its systemd unit."""
+        if self.slurm_job:
+            return self.slurm_job
+        if self.pod:
+            return self.pod
+        if self.container:
+            return self.container[:12]
+        return self.systemd_unit or None
+
+    @property
     def command(self) -> str:
         """The command line as one string, for display only (never for a shell)."""
         if self.cmdline:
@@ -281,6 +293,7 @@ class Target:
     checkpoint_signal: str | None = None
     uid: int | None = None  # the owner when planned: a process that changed owner is skipped
     ack_dir: str | None = None  # where the job writes checkpoint acks (its GPUWARDEN_ACK_DIR)
+    job: str | None = None  # its Slurm job, pod, container or unit (``ProcessInfo.job``)
 
 
 @dataclass(frozen=True, slots=True)

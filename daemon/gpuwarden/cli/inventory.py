@@ -92,9 +92,13 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
     if targets:
         for name, target in targets.items():
             extra = f", fallback {target.fallback}" if target.fallback else ""
-            lines.append(
-                f"notify     {name}: {_url_count(target.urls)}, ≥{target.min_severity}{extra}"
-            )
+            where = _url_count(target.urls)
+            if target.for_owners:
+                reach = [f"{len(target.owners)} listed"] if target.owners else []
+                if target.owner_mail is not None:
+                    reach.append(f"mail to USER@{target.owner_mail.domain}")
+                where = "the owner of each process acted on (" + ", ".join(reach) + ")"
+            lines.append(f"notify     {name}: {where}, ≥{target.min_severity}{extra}")
     else:
         lines.append("notify     (no targets)")
     for name, profile in config.cloud.profiles.items():

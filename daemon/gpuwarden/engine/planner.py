@@ -39,6 +39,7 @@ def target_of(proc: GpuProcess, memory: int | None = None) -> Target:
         checkpoint_signal=info.checkpoint_signal,
         uid=info.uid,
         ack_dir=(info.env or {}).get("GPUWARDEN_ACK_DIR"),
+        job=info.job,
     )
 
 

@@ -117,6 +117,7 @@ def target_dict(target: Target) -> dict[str, Any]:
         "command": redact_text(target.command),
         "checkpoint_signal": target.checkpoint_signal,
         "ack_dir": None if target.ack_dir is None else cap(target.ack_dir, 4096),
+        "job": None if target.job is None else cap(target.job, 256),
     }
 
 
@@ -132,6 +133,7 @@ def target_from(data: dict[str, Any]) -> Target:
         checkpoint_signal=data.get("checkpoint_signal"),
         uid=data.get("uid"),
         ack_dir=data.get("ack_dir"),
+        job=data.get("job"),
     )
 
 

@@ -206,6 +206,14 @@ class Grouper:
         group.members[incident] = replace(group.members[incident], acked=True)
         return True
 
+    def facts_of(self, incident: str) -> tuple[tuple[str, str], ...]:
+        """The latest facts of an incident (its GPU's values, who it is about)."""
+        group = self._member_of.get(incident)
+        if group is not None and incident in group.members:
+            return group.members[incident].facts
+        seen = self._seen.get(incident)
+        return seen.facts if seen is not None else ()
+
     def open_incidents(self) -> tuple[str, ...]:
         return tuple(
             m.incident

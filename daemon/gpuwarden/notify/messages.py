@@ -27,13 +27,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwarden.model import GpuProcess, GpuState, Intent, Outcome, ProcessInfo, Target
+from gpuwarden.model import GpuProcess, GpuState, Intent, Outcome, Target
 from gpuwarden.notify.grouping import Notice
-from gpuwarden.playbook.templates import render
+from gpuwarden.playbook.templates import SCOPE_FACT_NAMES, render
 from gpuwarden.units import format_duration
 
 BodyFormat = Literal["text", "markdown", "html"]
-Kind = Literal["open", "step", "resolve", "reminder", "test", "admin"]
+Kind = Literal["open", "step", "resolve", "reminder", "test", "admin", "owner"]
 MARKERS = ("", "[DRILL]", "[DRY-RUN]")
 # Our severity -> apprise's NotifyType; a resolve message is always "success".
 APPRISE_TYPES = {"info": "info", "warning": "warning", "critical": "failure"}
@@ -61,7 +61,7 @@ class Message:
     title: str
     body: str
     severity: str  # info | warning | critical
-    kind: str  # open | step | resolve | reminder | test | admin
+    kind: str  # open | step | resolve | reminder | test | admin | owner
     incidents: tuple[str, ...]
     group: str
     created: float
@@ -176,19 +176,7 @@ def gpu_facts(gpu: GpuState) -> dict[str, str]:
 
 # Who and what an incident is about (the ``${gpu}``, ``${user}``, ``${pid}``, ``${job}``,
 # ``${command}`` of a message): names, not measurements, so never in the values line.
-IDENTITY_FACT_NAMES: tuple[str, ...] = ("gpu", "user", "pid", "job", "command")
-
-
-def job_of(info: ProcessInfo) -> str | None:
-    """The job a process belongs to, as people name it: its Slurm job id, else its
-    Kubernetes pod, else its container (12 characters), else its systemd unit."""
-    if info.slurm_job:
-        return info.slurm_job
-    if info.pod:
-        return info.pod
-    if info.container:
-        return info.container[:12]
-    return info.systemd_unit or None
+IDENTITY_FACT_NAMES: tuple[str, ...] = SCOPE_FACT_NAMES["process"]
 
 
 def process_facts(proc: GpuProcess) -> dict[str, str]:
@@ -198,7 +186,7 @@ def process_facts(proc: GpuProcess) -> dict[str, str]:
     facts = {"gpu": str(proc.gpu), "pid": str(proc.pid)}
     if info.user:
         facts["user"] = info.user
-    job = job_of(info)
+    job = info.job
     if job:
         facts["job"] = job
     if info.command:
@@ -403,6 +391,106 @@ def compose(
         incidents=notice.incidents,
         group=notice.group,
         created=notice.time,
+        marker=marker,
+        body_format=body_format,
+    )
+
+
+# -- owner messages ----------------------------------------------------------------------------
+
+# What happened to a process, by step kind: (title words, what the body says gpuwarden did;
+# ``${process}`` is "your process 4242 (its command line)").
+OWNER_ACTS: dict[str, tuple[str, str]] = {
+    "checkpoint": ("was asked to save a checkpoint", "asked ${process} to save a checkpoint"),
+    "suspend": ("was paused", "paused ${process} (SIGSTOP)"),
+    "renice": ("was given a lower priority", "lowered the CPU and I/O priority of ${process}"),
+    "kill": ("was stopped", "stopped ${process}"),
+}
+# How to avoid it next time, unless the owner target says it in its own words (``advice``).
+OWNER_ADVICE: dict[str, str] = {
+    "checkpoint": "save and acknowledge when asked (the gpuwarden.job helper does both); if "
+    "the GPU stays under pressure, lower-priority work may be paused or stopped next.",
+    "suspend": "nothing, unless it is urgent: it is resumed when the incident is over. Work "
+    "that must not wait belongs in a higher priority class, or where there is room.",
+    "renice": "nothing, unless it is urgent: its priority is put back when the incident is over.",
+    "kill": "declare GPUWARDEN_CHECKPOINT_SIGNAL in the job's environment and save when asked "
+    "(the gpuwarden.job helper), so that gpuwarden asks before anything is stopped; run work "
+    "that matters in a higher priority class, or where there is room.",
+}
+OWNER_TITLE = "${prefix}gpuwarden on ${host}: your process ${pid} ${act}"
+OWNER_BODY = (
+    "Hello ${user},\n\n"
+    "What happened: at ${time} gpuwarden ${what} on GPU ${gpu} of ${host}${job}: ${result}.\n\n"
+    "Why: ${title} on ${where}. ${description}\n${values}\n"
+    "Your process is in priority class ${priority} and held ${memory} of GPU memory.\n\n"
+    "How to avoid it: ${advice}\n\n"
+    "Incident ${incident}; the on-call team can tell you more."
+)
+
+
+def owner_message(
+    intent: Intent,
+    target: Target,
+    result: str,
+    *,
+    to: str,
+    host: str,
+    tz: dt.tzinfo,
+    now: float,
+    marker: str = "",
+    description: str = "",
+    facts: Mapping[str, str] | None = None,
+    advice: str | None = None,
+    body_format: BodyFormat = "text",
+) -> Message:
+    """What the owner of ``target`` is told about what ``intent`` did to it (``result``: the
+    executor's words); ``to`` is the recipient (``owner:alice``)."""
+
+    def esc(value: object) -> str:
+        return escape(value, body_format)
+
+    act, what = OWNER_ACTS.get(intent.kind, (f"was acted on ({intent.kind})", intent.kind))
+    shown = {k: v for k, v in (facts or {}).items() if k not in IDENTITY_FACT_NAMES}
+    values = values_line(intent.where, shown)
+    memory = (
+        "an unknown amount" if target.gpu_memory_mib is None else f"{target.gpu_memory_mib} MiB"
+    )
+    gpu = target.gpu if target.gpu is not None else intent.gpu
+    process = f"your process {target.pid} ({clean(target.command or '?', 120)})"
+    filled = {
+        "prefix": f"{marker} " if marker else "",
+        "host": esc(host),
+        "pid": str(target.pid),
+        "act": act,
+        "what": render(what, {"process": esc(process)}),
+        "user": esc(target.user or "there"),
+        "gpu": "?" if gpu is None else str(gpu),
+        "time": esc(local_time(now, tz)),
+        "job": f" (job {esc(target.job)})" if target.job else "",
+        "result": esc(result),
+        "title": esc(rule_title(intent.rule)),
+        "where": esc(intent.where),
+        "description": esc(description),
+        "values": esc(values),
+        "priority": esc(target.priority),
+        "memory": esc(memory),
+        "advice": esc(advice or OWNER_ADVICE.get(intent.kind, "ask the on-call team.")),
+        "incident": esc(intent.incident),
+    }
+    body = _BLANK_LINES.sub("\n\n", render(OWNER_BODY, filled).replace(" \n", "\n"))
+    if body_format == "html":
+        body = body.replace("\n", "<br>\n")
+    key = f"{host}/owner/{intent.id}/{target.pid}"
+    return Message(
+        id=message_id(key, "owner", 0, to),
+        target=to,
+        title=clean(render(OWNER_TITLE, filled), 250),
+        body=body,
+        severity=intent.severity,
+        kind="owner",
+        incidents=(intent.incident,),
+        group=key,
+        created=now,
         marker=marker,
         body_format=body_format,
     )

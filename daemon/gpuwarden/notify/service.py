@@ -23,7 +23,7 @@ from gpuwarden.notify.grouping import Timing
 from gpuwarden.notify.messages import gpu_facts, process_facts
 from gpuwarden.notify.notifier import Notifier
 from gpuwarden.notify.outbox import Outbox
-from gpuwarden.notify.routing import resolve_urls
+from gpuwarden.notify.routing import owner_urls, resolve_urls, split_recipient
 from gpuwarden.notify.sender import Sender
 from gpuwarden.playbook.schema import NotifyParams, Rule
 
@@ -51,10 +51,12 @@ def resolver(config: Config) -> Any:
     """Target name → its apprise URLs, secrets read now (from files or the environment)."""
 
     def urls(name: str) -> list[str]:
+        owner = split_recipient(config.notify, name)
+        if owner is not None:  # one owner of an owner target: "owner:alice"
+            spec = config.notify.targets[owner[0]]
+            return owner_urls(spec, owner[1], os.environ, _read, name=owner[0])
         target = config.notify.targets[name]  # KeyError: not a target (the sender drops it)
-        found = resolve_urls(
-            target, os.environ, lambda p: Path(p).read_text(encoding="utf-8"), name=name
-        )
+        found = resolve_urls(target, os.environ, _read, name=name)
         if target.config is not None:
             found += config_urls(target.config, target.tags)
         return found
@@ -69,6 +71,10 @@ def _resolvable(urls_of: Any, name: str) -> bool:
         return bool(urls_of(name))
     except (ValueError, OSError):
         return False
+
+
+def _read(path: Path) -> str:
+    return Path(path).read_text(encoding="utf-8")
 
 
 def config_urls(path: Path, tags: Sequence[str]) -> list[str]:

@@ -6,6 +6,7 @@ The set loads whole or not at all: every problem in every file is collected and 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +26,12 @@ from gpuwarden.playbook.schema import (
     Selection,
     Step,
 )
-from gpuwarden.playbook.templates import FACT_NAMES, GPU_FACT_NAMES, placeholders
+from gpuwarden.playbook.templates import (
+    FACT_NAMES,
+    GPU_FACT_NAMES,
+    SCOPE_FACT_NAMES,
+    placeholders,
+)
 from gpuwarden.timewindow import (
     ActiveWindows,
     Schedule,
@@ -245,17 +251,29 @@ class _FileCompiler:
         params = step.params
         ok = True
         if isinstance(params, NotifyParams) and params.message is not None:
-            names = (*FACT_NAMES, *GPU_FACT_NAMES)
+            names = (*FACT_NAMES, *GPU_FACT_NAMES, *SCOPE_FACT_NAMES[rule.for_each])
             for name in placeholders(params.message):
-                if name not in names:
-                    self.problems.append(
-                        self.located.problem(
-                            (*kind_at, "message"),
-                            f"unknown placeholder ${{{name}}} in the message",
-                            f"one of {', '.join('${' + n + '}' for n in names)}",
-                        )
+                if name in names:
+                    continue
+                elsewhere = [k for k, v in SCOPE_FACT_NAMES.items() if name in v]
+                close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+                hint = f"did you mean ${{{close[0]}}}?" if close else None
+                if elsewhere:
+                    hint = (
+                        f"${{{name}}} names what a for_each: {' or '.join(elsewhere)} rule's "
+                        f"incident is about; a {rule.for_each} rule has none. To tell the "
+                        "owner of each process a step acts on, name an owner target in a "
+                        'notify step (docs/notifications.md, "Owner messages")'
                     )
-                    ok = False
+                self.problems.append(
+                    self.located.problem(
+                        (*kind_at, "message"),
+                        f"unknown placeholder ${{{name}}} in the message of a {rule.for_each} rule",
+                        f"one of {', '.join('${' + n + '}' for n in names)}",
+                        hint,
+                    )
+                )
+                ok = False
         if isinstance(params, NotifyParams):
             for i, target in enumerate(params.targets):
                 if target not in self.config.notify.targets:

@@ -26,6 +26,14 @@ FACT_NAMES: tuple[str, ...] = tuple(
 )
 # Facts a GPU adds to its incident's messages (``gpu_facts``), when the device reports them.
 GPU_FACT_NAMES: tuple[str, ...] = ("memory", "temperature", "utilization", "power", "state")
+# Who and what an incident is about, by the rule's for_each: the GPU's index, and for a
+# process rule the process (its pid, owner, job and command line).
+SCOPE_FACT_NAMES: dict[str, tuple[str, ...]] = {
+    "gpu": ("gpu",),
+    "process": ("gpu", "user", "pid", "job", "command"),
+    "event": ("gpu",),
+    "host": (),
+}
 
 
 def render(template: str, facts: Mapping[str, str]) -> str:
