@@ -108,6 +108,9 @@ class GpuState:
     retired_pages: RetiredPages | None = None
     pstate: int | None = None
     mig_mode: bool | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    energy_mj: int | None = None  # energy used since the driver loaded, millijoules
 
     @property
     def device(self) -> str:

@@ -93,6 +93,15 @@ class Runtime:
             notifications=notifications,
             metrics=metrics,
         )
+        self._observe_setup()
+
+    def _observe_setup(self) -> None:
+        """What the metrics say about the loaded set: its rules, and whether anything acts."""
+        if self.metrics is not None:
+            self.metrics.observe_rules(
+                (r.name, r.spec.severity) for r in self.engine.playbooks.rules
+            )
+            self.metrics.observe_mode(self.dry_run)
 
     @property
     def dry_run(self) -> bool:
@@ -188,6 +197,9 @@ class Runtime:
                 log.warning(
                     "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
                 )
+                rule = self.engine.playbooks.rule(record.rule)
+                if self.metrics is not None and rule is not None:
+                    self.metrics.observe_incident(record.rule, rule.spec.severity)
         if self.cloud is not None:
             self._cloud_tick(now)  # before the flush: what the reaper ended goes out now
         if self.notifications is not None:
@@ -319,6 +331,7 @@ class Runtime:
                 self.cloud.update(result.config.cloud)
             if closed:
                 self.journal.record_all(closed, now)
+            self._observe_setup()
         elif self.notifications is not None and result.error is not None:
             self.notifications.admin(
                 f"gpuwarden on {self.host}: reload refused", result.error.render(), now

@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.metrics.listen:
         from gpuwarden.metrics import Metrics
 
-        metrics = Metrics(gpu_gauges=cfg.metrics.gpu_gauges)
+        metrics = Metrics(gpu_gauges=cfg.metrics.gpu_gauges, host=host)
         try:
             metrics.serve(cfg.metrics.listen)
         except (OSError, ValueError) as exc:
