@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpuwarden.config import Config
+from gpuwarden.notify.facts import timings
 from gpuwarden.notify.grouping import Timing
-from gpuwarden.notify.service import timings
 from gpuwarden.playbook.schema import Rule
 
 

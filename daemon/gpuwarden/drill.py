@@ -259,8 +259,8 @@ class _Messages:
         clock: SimClock,
         notify: Path | None,
     ) -> None:
+        from gpuwarden.notify.facts import MessageFacts, timings
         from gpuwarden.notify.notifier import Notifier
-        from gpuwarden.notify.service import IncidentFacts, timings
 
         rules = [r.spec for r in playbooks.rules]
         descriptions = {r.name: r.spec.description for r in playbooks.rules}
@@ -287,7 +287,7 @@ class _Messages:
                 descriptions=descriptions,
                 timing=timings(config, rules),
             )
-        self.facts = IncidentFacts()
+        self.facts = MessageFacts()
         self.longest_interval = max(
             [config.notify.group_interval, *(r.group_interval or 0.0 for r in rules)]
         )
@@ -296,7 +296,9 @@ class _Messages:
     def observe(
         self, records: Sequence[Any], snapshot: Snapshot, incidents: Sequence[Any], now: float
     ) -> None:
-        self.notifier.observe(records, now, incidents=self.facts.of(snapshot, incidents))
+        self.notifier.observe(records, now)
+        wanted = self.notifier.grouper.knows  # only incidents a message may still show
+        self.notifier.observe((), now, incidents=self.facts.of(snapshot, incidents, wanted))
 
     def outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
         self.notifier.observe_outcome(intent, outcome, now)

@@ -206,6 +206,15 @@ class Grouper:
         group.members[incident] = replace(group.members[incident], acked=True)
         return True
 
+    def knows(self, incident: str) -> bool:
+        """Whether a message may still show this incident (so its facts are worth reading)."""
+        return incident in self._member_of or incident in self._seen
+
+    @property
+    def idle(self) -> bool:
+        """No group is open: nothing can be due."""
+        return not self._groups
+
     def facts_of(self, incident: str) -> tuple[tuple[str, str], ...]:
         """The latest facts of an incident (its GPU's values, who it is about)."""
         group = self._member_of.get(incident)

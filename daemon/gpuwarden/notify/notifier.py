@@ -217,6 +217,8 @@ class Notifier:
 
     def due(self, now: float) -> list[Message]:
         """The messages to write to the outbox now, oldest first, one per target."""
+        if self.grouper.idle and not (self._extra or self._deferred or any(self._held.values())):
+            return []  # the common tick: nothing open, nothing waiting
         fresh: list[Message] = list(self._extra)
         self._extra.clear()
         for notice in self.grouper.flush(now):

@@ -9,18 +9,16 @@ to the outbox, which a restarted daemon delivers.
 from __future__ import annotations
 
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
 from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Snapshot, Transition
 from gpuwarden.notify.delivery import UrlResult, send_test
-from gpuwarden.notify.grouping import Timing
-from gpuwarden.notify.messages import gpu_facts, process_facts
+from gpuwarden.notify.facts import MessageFacts, OpenIncident, timings
 from gpuwarden.notify.notifier import Notifier
 from gpuwarden.notify.outbox import Outbox
 from gpuwarden.notify.routing import owner_urls, resolve_urls, split_recipient
@@ -29,22 +27,6 @@ from gpuwarden.playbook.schema import NotifyParams, Rule
 
 FLUSH_AHEAD = 10 * 86400.0
 DRAIN_S = 5.0  # at a stop, how long deliveries that are due may still take
-
-
-def timings(config: Config, rules: Sequence[Rule]) -> Callable[[str], Timing]:
-    """Each rule's grouping: its own group_wait / group_interval / repeat where it gives one,
-    the config's notify section otherwise."""
-    notify = config.notify
-    default = Timing(notify.group_wait, notify.group_interval, notify.repeat)
-    own = {
-        r.name: Timing(
-            default.group_wait if r.group_wait is None else r.group_wait,
-            default.group_interval if r.group_interval is None else r.group_interval,
-            default.repeat if r.repeat is None else r.repeat,
-        )
-        for r in rules
-    }
-    return lambda rule: own.get(rule, default)
 
 
 def resolver(config: Config) -> Any:
@@ -105,61 +87,6 @@ def test_target(config: Config, name: str) -> list[UrlResult]:
     return send_test(name, resolver(config))
 
 
-class OpenIncident(Protocol):
-    """What the facts of an open incident are read from (the engine's ``Incident``)."""
-
-    id: str
-    scope: str
-    gpu: int | None
-
-
-_PROCESS_SCOPE = re.compile(r"^gpu:(\d+)/pid:(\d+)@")
-
-
-class IncidentFacts:
-    """The facts each open incident's messages show: its GPU's current values, and who and
-    what it is about — the GPU, and for a process rule the process's pid, user, job and
-    command, read when the incident is first seen and kept (a killed process is gone from
-    later snapshots, but its resolve message still names it)."""
-
-    def __init__(self) -> None:
-        self._identity: dict[str, dict[str, str]] = {}
-
-    def of(
-        self, snapshot: Snapshot, incidents: Iterable[OpenIncident]
-    ) -> dict[str, dict[str, str]]:
-        gpus = {g.index: g for g in snapshot.gpus}
-        out: dict[str, dict[str, str]] = {}
-        seen: set[str] = set()
-        for incident in incidents:
-            seen.add(incident.id)
-            identity = self._identity.get(incident.id)
-            if identity is None:
-                identity = self._identify(snapshot, incident)
-                if identity is not None:
-                    self._identity[incident.id] = identity
-            if incident.gpu is not None and incident.gpu not in gpus:
-                continue  # nothing new to show: its last values stay
-            facts = dict(identity or {})
-            if incident.gpu is not None:
-                facts.update(gpu_facts(gpus[incident.gpu]))
-            if facts:
-                out[incident.id] = facts
-        for gone in set(self._identity) - seen:
-            del self._identity[gone]
-        return out
-
-    @staticmethod
-    def _identify(snapshot: Snapshot, incident: OpenIncident) -> dict[str, str] | None:
-        """None: a process incident whose process this snapshot does not show (yet)."""
-        found = _PROCESS_SCOPE.match(incident.scope)
-        if found is None:
-            return {} if incident.gpu is None else {"gpu": str(incident.gpu)}
-        gpu, pid = int(found.group(1)), int(found.group(2))
-        proc = next((p for p in snapshot.processes if p.pid == pid and p.gpu == gpu), None)
-        return None if proc is None else process_facts(proc)
-
-
 class Notifications:
     def __init__(
         self,
@@ -193,7 +120,7 @@ class Notifications:
         self.background = background
         self.clock: Clock = clock or SystemClock()
         self.queued = 0
-        self.facts = IncidentFacts()
+        self.facts = MessageFacts()
         if background:
             self.sender.start()
 
@@ -206,7 +133,9 @@ class Notifications:
     ) -> None:
         """One tick's journaled records; ``incidents``: the engine's open incidents, whose
         current values (and identity) their next messages show."""
-        self.notifier.observe(records, now, incidents=self.facts.of(snapshot, incidents))
+        self.notifier.observe(records, now)
+        wanted = self.notifier.grouper.knows  # only incidents a message may still show
+        self.notifier.observe((), now, incidents=self.facts.of(snapshot, incidents, wanted))
 
     def restore(self, incident: Any, timeline: Sequence[Any], now: float) -> None:
         """Take back an incident a previous run left open: replay its firing and its notify
