@@ -289,3 +289,27 @@ def test_placeholders_are_filled_with_the_process_the_incident_is_about(tmp_path
     assert bodies[0].startswith(
         "alice runs pid 4195304 (job 48213) on GPU 0: python train.py --model llama-8b --resume"
     )
+
+
+def test_advice_may_be_given_per_step_kind(tmp_path: Path) -> None:
+    cfg = config_mod.load(
+        owner_config(
+            tmp_path,
+            "    owner:\n      owners: {bob: 'json://h/b'}\n"
+            "      advice: {kill: 'Use the preempt partition.'}\n",
+        )
+    )
+    spec = cfg.notify.targets["owner"]
+    assert spec.advice_for("kill") == "Use the preempt partition."
+    assert spec.advice_for("checkpoint") is None  # gpuwarden's own words for the others
+    notifier = Notifier(cfg, host="node")
+    fired = RuleChange(
+        Transition.FIRING, "gpu-memory-pressure", "gpu:0", 100.0, Reason.FOR_ELAPSED, "inc"
+    )
+    kill = intent("kill", 1)
+    notify = intent("notify", 0, NotifyParams(targets=("owner",)))
+    notifier.observe([fired, notify, kill], 100.0)
+    done = Outcome(ok=True, targets=(TargetResult(4242, 1.0, True, "terminated", "exited"),))
+    notifier.observe_outcome(kill, done, 101.0)
+    (told,) = notifier.due(102.0)
+    assert "How to avoid it: Use the preempt partition." in told.body

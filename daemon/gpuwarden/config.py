@@ -210,8 +210,14 @@ class NotifyTarget(_Strict):
         default_factory=dict
     )
     owner_mail: OwnerMail | None = None
-    # How an owner can avoid it next time (site words: a partition, a channel to ask in).
-    advice: str | None = None
+    # How an owner can avoid it next time (site words: a partition, a channel to ask in):
+    # one text, or one per step kind (the others keep gpuwarden's own words).
+    advice: str | dict[Literal["checkpoint", "suspend", "renice", "kill"], str] | None = None
+
+    def advice_for(self, kind: str) -> str | None:
+        if isinstance(self.advice, dict):
+            return next((text for k, text in self.advice.items() if k == kind), None)
+        return self.advice
 
     @property
     def for_owners(self) -> bool:

@@ -162,7 +162,7 @@ class Notifier:
                     marker=self.marker,
                     description=self.descriptions.get(intent.rule, ""),
                     facts=dict(self.grouper.facts_of(intent.incident)),
-                    advice=spec.advice,
+                    advice=spec.advice_for(intent.kind),
                     body_format=spec.body_format,
                 )
                 at = routing.release_time(spec, intent.severity, now, self.tz)

@@ -236,6 +236,25 @@ class _FileCompiler:
             for f in fields
         )
 
+    def loose(self, index: int, raw: object) -> None:
+        """The expressions of a rule whose structure is wrong, compiled anyway, so that their
+        problems are reported in the same run as the structure's."""
+        if not isinstance(raw, dict):
+            return
+        for_each = raw.get("for_each", "gpu")
+        if not isinstance(for_each, str) or for_each not in WHEN_ROOTS:
+            return
+        at: yamlfile.KeyPath = ("rules", index)
+        for key in ("when", "until"):
+            if isinstance(raw.get(key), str):
+                self.expr((*at, key), raw[key], WHEN_ROOTS[for_each])
+        steps = raw.get("steps")
+        for i, step in enumerate(steps if isinstance(steps, list) else ()):
+            for kind in SELECTING_KINDS & set(step if isinstance(step, dict) else ()):
+                params = step[kind]
+                if isinstance(params, dict) and isinstance(params.get("select"), str):
+                    self.expr((*at, "steps", i, kind, "select"), params["select"], SELECT_ROOTS)
+
     def _window_problem(self, path: yamlfile.KeyPath, value: object, exc: WindowError) -> Problem:
         if exc.index is not None:  # one window of a list: point at that item
             path, value = (*path, exc.index), exc.text
@@ -413,6 +432,12 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
         valid, found = _validated_rules(located)
         fc = _FileCompiler(located, compiler, config)
         fc.problems.extend(found)
+        rule_items = located.data.get("rules")
+        if isinstance(rule_items, list):
+            good = {index for index, _ in valid}
+            for index, raw in enumerate(rule_items):
+                if index not in good:
+                    fc.loose(index, raw)
         for index, rule in valid:
             compiled = fc.rule(index, rule)
             if rule.name in first_seen:
