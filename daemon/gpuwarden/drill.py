@@ -1,12 +1,14 @@
 """``gpuwarden drill``: run a scenario through the real engine on a simulated clock.
 
-Nothing outside the process is touched: no job is spawned, signalled or killed, nobody is
-notified, no cloud API is called. Each intent is completed at once with a simulated outcome, and
-a kill makes its targets leave the scenario's later snapshots, so the drill shows what the
-ladder would lead to. A provision step shows what its cloud profile would launch and what that
-costs per hour, worked out from the config alone (``gpuwarden.cloud.plan``).
+Nothing outside the process is touched: no job is spawned, signalled or killed, no cloud API is
+called, and nobody is notified — the messages the run would send are composed by the daemon's
+own notifier and yielded with their text, marked ``[DRILL]``. Each intent is completed at once
+with a simulated outcome, and a kill makes its targets leave the scenario's later snapshots, so
+the drill shows what the ladder would lead to. A provision step shows what its cloud profile
+would launch and what that costs per hour, worked out from the config alone
+(``gpuwarden.cloud.plan``). How the timeline reads for people is ``drill_text.py``.
 
-``notify`` (``drill --notify``) really delivers the messages, marked ``[DRILL]``; ``cloud``
+``notify`` (``drill --notify``) really delivers the messages (never an owner's); ``cloud``
 (``drill --cloud``) asks EC2 about each provision step with ``DryRun=True``, which checks the
 credentials, the IAM permissions and the parameters and launches nothing.
 """
@@ -374,103 +376,3 @@ class _CloudAsker:
 
     def close(self) -> None:
         self.store.close()
-
-
-def _money(usd: float | None) -> str:
-    return "unpriced" if usd is None else f"${usd:,.2f}/h"
-
-
-def _cloud_line(cloud: dict[str, Any] | None, profile: object) -> str:
-    if cloud is None:
-        return f"→ cloud profile {profile}"
-    head = f"→ cloud profile {cloud['profile']}: would launch "
-    if cloud["count"] <= 0:
-        return head + f"nothing ({cloud.get('capped', 'capped')})"
-    capped = f" (capped: {cloud['capped']})" if cloud.get("capped") else ""
-    return (
-        f"{head}{cloud['count']} x {cloud['instance_type']} ({cloud['market']}) in "
-        f"{cloud['region']}, {_money(cloud['hourly_usd'])}{capped}"
-    )
-
-
-def _clock(t: float) -> str:
-    whole = int(t)
-    return f"+{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-
-
-def _who(target: dict[str, Any]) -> str:
-    job = f" ({target['job']})" if target.get("job") else ""
-    mib = target.get("gpu_memory_mib")
-    memory = f", {mib} MiB" if mib is not None else ""
-    return f"pid {target['pid']}{job} {target.get('user') or '?'}/{target['priority']}{memory}"
-
-
-def _when(record: dict[str, Any]) -> str:
-    """``+0:02:04  Sat 03:00:04``: from the scenario's start, and on its wall clock."""
-    head = _clock(record["t"])
-    at = record.get("at")
-    if at:
-        head += "  " + dt.datetime.fromisoformat(at).strftime("%a %H:%M:%S")
-    return head
-
-
-def render_record(record: dict[str, Any]) -> str:
-    """One timeline entry for people (``--json`` prints the record itself)."""
-    kind = record["kind"]
-    when = _when(record)
-    indent = " " * len(when)
-    if kind == "message":
-        body = "\n".join(f"{indent}    │ {line}".rstrip() for line in record["body"].splitlines())
-        return f"{when}  MESSAGE → {record['target']}: {record['title']}\n{body}"
-    head = f"{when}  {record['rule']}  {record.get('where') or record['scope']}"
-    reason = record["reason"].replace("_", " ")
-    if kind == "step":
-        targets = record.get("targets") or []
-        if "notify" in record:
-            what = "→ " + ", ".join(record["notify"])
-        elif "power_cap" in record:
-            cap = record["power_cap"]
-            limit = f"{cap['watts']:g} W" if cap["watts"] else f"{cap['percent']:g}% of default"
-            what = f"→ GPU {cap['gpu']} limited to {limit}"
-        elif "argv" in record:
-            what = "→ " + " ".join(record["argv"])
-        elif "profile" in record:
-            what = _cloud_line(record.get("cloud"), record["profile"])
-        elif targets:
-            what = "→ " + "; ".join(_who(t) for t in targets)
-        else:
-            what = f"→ nobody ({reason})"
-        shadow = " [shadow: not acted on]" if record.get("shadow") else ""
-        line = f"{head}  STEP {record['step']} {what}{shadow}"
-        ec2 = (record.get("cloud") or {}).get("ec2")
-        if ec2 is not None:
-            verdict = "ok" if ec2["ok"] else "NOT OK"
-            line += f"\n{indent}    EC2 DryRun {verdict}: {ec2['detail']}"
-        return line
-    if kind == "skip":
-        return f"{indent}    skip {_who(record['targets'][0])}: {reason}"
-    detail = f" ({record['detail']})" if record.get("detail") else ""
-    return f"{head}  {kind.upper()}: {reason}{detail}"
-
-
-def render_summary(summary: Summary, scenario: str, rules: int) -> str:
-    steps = ", ".join(f"{k} {v}" for k, v in sorted(summary.steps.items())) or "none"
-    speed = summary.simulated_s / summary.wall_s if summary.wall_s > 0 else float("inf")
-    lines = [
-        f"summary: {scenario}: {rules} rule(s), {summary.ticks} ticks over "
-        f"{summary.simulated_s:g}s simulated in {summary.wall_s:.2f}s ({speed:,.0f}x)",
-        f"  incidents fired {summary.fired}, resolved {summary.resolved}, open at the end "
-        f"{len(summary.open_at_end)}",
-        f"  steps: {steps}; processes targeted: {len(summary.targets)}",
-    ]
-    start = dt.datetime.fromtimestamp(summary.start, summary.zone)
-    lines.append(
-        f"  messages: {summary.messages} [DRILL] message(s) composed; times are +H:MM:SS from "
-        f"the scenario's start, {start:%a %Y-%m-%d %H:%M:%S} {start.tzname()}"
-    )
-    if summary.notify_queued:
-        lines.append(
-            f"  notifications: {summary.notified} of {summary.notify_queued} "
-            "[DRILL] message(s) delivered (the rest: `gpuwarden outbox`)"
-        )
-    return "\n".join(lines)

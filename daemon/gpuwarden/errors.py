@@ -59,6 +59,13 @@ class Problem:
         return text
 
 
+def in_file_order(problems: list[Problem]) -> list[Problem]:
+    """Problems sorted as they stand in their file (those without a position first); the
+    order of files, and of problems at one position, is kept."""
+    files = list(dict.fromkeys(p.file for p in problems))
+    return sorted(problems, key=lambda p: (files.index(p.file), p.line or 0, p.col or 0))
+
+
 class GpuwardenError(Exception):
     exit_code: ExitCode = ExitCode.FAILURE
 

@@ -8,9 +8,6 @@ pydantic model over the data and maps each validation error back to a position.
 
 from __future__ import annotations
 
-import difflib
-import types
-import typing
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +16,8 @@ from typing import Any, TypeVar
 import pydantic
 import yaml
 
-from gpuwarden.errors import InputError, Problem
+from gpuwarden.errors import InputError, Problem, in_file_order
+from gpuwarden.yamlfile_keys import unknown_key
 
 KeyPath = tuple[str | int, ...]
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -424,89 +422,8 @@ def validate(model: type[M], located: Located, path: KeyPath = ()) -> M:
         if group == "missing":
             problems.append(located.problem(full[:-1], f"{field}: {message}"))
         elif group == "extra_forbidden":
-            problems.append(_unknown_key(model, located, path, full, field))
+            words = unknown_key(model, full[len(path) : -1], str(full[-1]), field)
+            problems.append(located.problem(full, *words, key=True))
         else:
             problems.append(located.problem(full, f"{field}: {message}"))
     raise InputError(in_file_order(problems)) from None
-
-
-def in_file_order(problems: list[Problem]) -> list[Problem]:
-    """Problems sorted as they stand in their file (those without a position first); the
-    order of files, and of problems at one position, is kept."""
-    files = list(dict.fromkeys(p.file for p in problems))
-    return sorted(problems, key=lambda p: (files.index(p.file), p.line or 0, p.col or 0))
-
-
-def _models_in(annotation: Any) -> list[type[pydantic.BaseModel]]:
-    """The pydantic models an annotation may hold at its top level (through Optional,
-    unions and Annotated)."""
-    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
-        return [annotation]
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _models_in(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
-    return []
-
-
-def _inner(annotation: Any) -> Any:
-    """What one item of a list, tuple or dict annotation holds."""
-    while typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    args = [a for a in typing.get_args(annotation) if a is not Ellipsis and a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        return _inner(args[0])
-    if typing.get_origin(annotation) in (tuple, list, dict) and args:
-        return args[-1]
-    return None
-
-
-def _field_named(model: type[pydantic.BaseModel], key: str | int) -> Any:
-    for name, info in model.model_fields.items():
-        if key in (name, info.alias):
-            return info.annotation
-    return None
-
-
-def model_at(model: type[pydantic.BaseModel], path: KeyPath) -> type[pydantic.BaseModel] | None:
-    """The model that validates the mapping at ``path`` (relative to ``model``'s data), when
-    one model alone does; None where it cannot be told."""
-    annotation: Any = model
-    for part in path:
-        models = _models_in(annotation)
-        if len(models) == 1:
-            annotation = _field_named(models[0], part)
-        elif not models:
-            annotation = _inner(annotation)
-        else:
-            return None
-        if annotation is None:
-            return None
-    models = _models_in(annotation)
-    return models[0] if len(models) == 1 else None
-
-
-def _unknown_key(
-    model: type[pydantic.BaseModel], located: Located, path: KeyPath, full: KeyPath, field: str
-) -> Problem:
-    """``x.y.colour: unknown field 'colour' — expected one of …`` and, for a key close to a
-    known one, ``hint: did you mean …?``. A model may say what its keys are called
-    (``KEY_NOUN``, e.g. "step kind") and which of them to list first (``KEY_ORDER``)."""
-    key = str(full[-1])
-    owner = model_at(model, full[len(path) : -1])
-    if owner is None:
-        return located.problem(full, f"{field}: unknown field", key=True)
-    names = [info.alias or name for name, info in owner.model_fields.items()]
-    first = [n for n in getattr(owner, "KEY_ORDER", ()) if n in names]
-    names = [*first, *(n for n in names if n not in first)]
-    noun = getattr(owner, "KEY_NOUN", None)
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    message = f"{field}: unknown {noun or 'field'} {key!r}"
-    return located.problem(
-        full,
-        message,
-        f"one of {', '.join(names)}",
-        f"did you mean {close[0]}?" if close else None,
-        key=True,
-    )

@@ -228,7 +228,7 @@ def silent_rules(
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from gpuwarden import drill
+    from gpuwarden import drill, drill_text
     from gpuwarden.playbook import loader
 
     cfg = load_config(args.config)
@@ -265,9 +265,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(record), flush=False)
             else:
-                print(drill.render_record(record))
+                print(drill_text.render_record(record))
         if not args.json:
-            print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+            print(drill_text.render_summary(summary, str(args.scenario), len(playbooks.rules)))
     finally:
         if scratch is not None:
             scratch.cleanup()

@@ -28,16 +28,8 @@ from gpuwarden.config import Config
 from gpuwarden.model import Intent, Outcome, RuleChange, Transition
 from gpuwarden.notify import routing
 from gpuwarden.notify.grouping import Grouper, Notice, Timing
-from gpuwarden.notify.messages import (
-    MARKERS,
-    OWNER_ACTS,
-    Message,
-    clean,
-    compose,
-    escape,
-    message_id,
-    owner_message,
-)
+from gpuwarden.notify.messages import MARKERS, Message, clean, compose, escape, message_id
+from gpuwarden.notify.owner import OWNER_ACTS, owner_message
 from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS, NotifyParams
 
 RATE_WINDOW = 60.0

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.config import Notify, NotifyTarget, Secret
+from gpuwarden.config_notify import Notify, NotifyTarget, Secret
 from gpuwarden.timewindow import parse_active
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}

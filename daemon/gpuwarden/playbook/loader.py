@@ -1,44 +1,53 @@
 """Load a set of playbook files: validate, compile every expression once, check references.
 
 The set loads whole or not at all: every problem in every file is collected and reported as
-``file:line:col: …``, and nothing of a set with a problem is returned.
+``file:line:col: …``, and nothing of a set with a problem is returned. What a loaded set is
+(``PlaybookSet``, ``CompiledRule``, ``CompiledStep``) is in ``compiled.py``, re-exported here.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpuwarden import yamlfile
 from gpuwarden.config import Config
-from gpuwarden.errors import InputError, Problem
-from gpuwarden.playbook.expr import Compiled, Compiler, ExprError, Series
+from gpuwarden.errors import InputError, Problem, in_file_order
+from gpuwarden.playbook.compiled import CompiledRule, CompiledStep, OrderKey, PlaybookSet, Show
+from gpuwarden.playbook.expr import Compiled, Compiler, ExprError
 from gpuwarden.playbook.fields import FIELDS
 from gpuwarden.playbook.schema import (
     SELECTING_KINDS,
     CheckpointParams,
     NotifyParams,
-    PlaybookFile,
     ProvisionParams,
     Rule,
     Selection,
     Step,
 )
-from gpuwarden.playbook.templates import (
-    FACT_NAMES,
-    GPU_FACT_NAMES,
-    SCOPE_FACT_NAMES,
-    placeholders,
-)
+from gpuwarden.playbook.structure import validated_rules
+from gpuwarden.playbook.templates import unknown_placeholders
 from gpuwarden.timewindow import (
-    ActiveWindows,
-    Schedule,
     WindowError,
     parse_active,
     parse_every,
 )
+
+__all__ = [
+    "CHECKPOINT_SIGNALS",
+    "DEFAULT_ORDER",
+    "KILL_SIGNALS",
+    "PLAYBOOK_SUFFIXES",
+    "SELECT_ROOTS",
+    "WHEN_ROOTS",
+    "CompiledRule",
+    "CompiledStep",
+    "OrderKey",
+    "PlaybookSet",
+    "Show",
+    "load",
+    "playbook_files",
+]
 
 # The roots an expression may read, by where it stands and the rule's for_each.
 WHEN_ROOTS = {
@@ -69,86 +78,6 @@ CHECKPOINT_SIGNALS = frozenset(
 KILL_SIGNALS = frozenset(
     {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL"}
 )
-
-
-@dataclass(frozen=True)
-class OrderKey:
-    field: str
-    descending: bool
-    expr: Compiled
-
-
-@dataclass(frozen=True)
-class CompiledStep:
-    index: int
-    spec: Step
-    select: Compiled | None
-    free_until: Compiled | None
-    order: tuple[OrderKey, ...]
-
-    @property
-    def kind(self) -> str:
-        return self.spec.kind
-
-    @property
-    def blocking(self) -> bool:
-        """Whether the ladder waits for this step's outcome before the next (notify: no)."""
-        return self.kind != "notify"
-
-
-@dataclass(frozen=True)
-class Show:
-    """A field a condition reads, compiled as a value; ``names``: for a priority field, the
-    class names by rank (the expression reads a class as its rank)."""
-
-    field: str
-    value: Compiled
-    names: tuple[str, ...] | None = None
-
-    def read(self, env: dict[str, object]) -> object:
-        found = self.value.evaluate(env)
-        if self.names is not None and isinstance(found, int) and 0 <= found < len(self.names):
-            return self.names[found]
-        return found
-
-
-@dataclass(frozen=True)
-class CompiledRule:
-    spec: Rule
-    file: str
-    line: int | None
-    when: Compiled
-    until: Compiled | None
-    active: ActiveWindows | None
-    every: Schedule | None
-    steps: tuple[CompiledStep, ...]
-    # The fields `when` and `until` read, each compiled as a value: what a transition shows
-    # ("the value that met the condition"), evaluated only when the rule changes state.
-    shows: tuple[Show, ...] = ()
-    until_shows: tuple[Show, ...] = ()
-    # The rule's name, read for every evaluation: a plain attribute, not the model's.
-    name: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "name", self.spec.name)
-
-    @property
-    def one_shot(self) -> bool:
-        """Event and scheduled rules: their incident closes once the ladder has run."""
-        return self.spec.for_each == "event" or self.every is not None
-
-
-@dataclass(frozen=True)
-class PlaybookSet:
-    rules: tuple[CompiledRule, ...]
-    series: tuple[Series, ...]
-    files: tuple[str, ...]
-    compiler: Compiler
-    # What loads but is probably not what the author meant (``gpuwarden check`` shows them).
-    warnings: tuple[Problem, ...] = ()
-
-    def rule(self, name: str) -> CompiledRule | None:
-        return next((r for r in self.rules if r.name == name), None)
 
 
 def playbook_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -270,28 +199,8 @@ class _FileCompiler:
         params = step.params
         ok = True
         if isinstance(params, NotifyParams) and params.message is not None:
-            names = (*FACT_NAMES, *GPU_FACT_NAMES, *SCOPE_FACT_NAMES[rule.for_each])
-            for name in placeholders(params.message):
-                if name in names:
-                    continue
-                elsewhere = [k for k, v in SCOPE_FACT_NAMES.items() if name in v]
-                close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-                hint = f"did you mean ${{{close[0]}}}?" if close else None
-                if elsewhere:
-                    hint = (
-                        f"${{{name}}} names what a for_each: {' or '.join(elsewhere)} rule's "
-                        f"incident is about; a {rule.for_each} rule has none. To tell the "
-                        "owner of each process a step acts on, name an owner target in a "
-                        'notify step (docs/notifications.md, "Owner messages")'
-                    )
-                self.problems.append(
-                    self.located.problem(
-                        (*kind_at, "message"),
-                        f"unknown placeholder ${{{name}}} in the message of a {rule.for_each} rule",
-                        f"one of {', '.join('${' + n + '}' for n in names)}",
-                        hint,
-                    )
-                )
+            for found in unknown_placeholders(params.message, rule.for_each):
+                self.problems.append(self.located.problem((*kind_at, "message"), *found.words()))
                 ok = False
         if isinstance(params, NotifyParams):
             for i, target in enumerate(params.targets):
@@ -429,7 +338,7 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
         except InputError as exc:
             problems.extend(exc.problems)
             continue
-        valid, found = _validated_rules(located)
+        valid, found = validated_rules(located)
         fc = _FileCompiler(located, compiler, config)
         fc.problems.extend(found)
         rule_items = located.data.get("rules")
@@ -453,8 +362,8 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
                 first_seen[rule.name] = (located.file, located.where(("rules", index))[0])
             if compiled is not None:
                 rules.append(compiled)
-        problems.extend(yamlfile.in_file_order(fc.problems))
-        warnings.extend(yamlfile.in_file_order(fc.warnings))
+        problems.extend(in_file_order(fc.problems))
+        warnings.extend(in_file_order(fc.warnings))
     if problems:
         raise InputError(problems)
     return PlaybookSet(
@@ -464,29 +373,3 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
         compiler,
         tuple(warnings),
     )
-
-
-def _validated_rules(located: yamlfile.Located) -> tuple[list[tuple[int, Rule]], list[Problem]]:
-    """The rules of a file that validate, by index, and the problems of the file's structure.
-    Each rule is validated on its own, so that one rule's structure problem does not hide
-    another rule's expression problem: both are reported in the same run."""
-    data = located.data
-    items = data.get("rules")
-    if not isinstance(items, list):  # the file's own shape is wrong: say that, as a whole
-        try:
-            document = yamlfile.validate(PlaybookFile, located)
-        except InputError as exc:
-            return [], exc.problems
-        return list(enumerate(document.rules)), []
-    problems: list[Problem] = []
-    try:
-        yamlfile.validate(PlaybookFile, replace(located, data={**data, "rules": []}))
-    except InputError as exc:
-        problems.extend(exc.problems)
-    valid: list[tuple[int, Rule]] = []
-    for index in range(len(items)):
-        try:
-            valid.append((index, yamlfile.validate(Rule, located, ("rules", index))))
-        except InputError as exc:
-            problems.extend(exc.problems)
-    return valid, problems

@@ -199,7 +199,7 @@ class Step(_Strict):
         )
     )
 
-    # How an unknown key of a step is reported (yamlfile: "unknown step kind 'kil'").
+    # How an unknown key of a step is reported (yamlfile_keys: "unknown step kind 'kil'").
     KEY_NOUN: ClassVar[str] = "step kind"
     KEY_ORDER: ClassVar[tuple[str, ...]] = STEP_KINDS
 
