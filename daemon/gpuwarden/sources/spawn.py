@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -41,6 +42,7 @@ class Standin:
     process: subprocess.Popen[bytes]
     log: Path
     ack_dir: Path  # the spool it acknowledges in
+    uid: int | None = None  # the user it runs as (``run_as``); None: ours
 
     @property
     def pid(self) -> int:
@@ -49,7 +51,7 @@ class Standin:
     @property
     def ack_file(self) -> Path:
         """Where its acknowledgements land: its user's directory in the spool."""
-        return job.user_ack_dir(self.ack_dir) / job.ack_name(self.pid)
+        return job.user_ack_dir(self.ack_dir, self.uid) / job.ack_name(self.pid)
 
     def alive(self) -> bool:
         """Reaps the process if it has exited; False from then on."""
@@ -72,6 +74,17 @@ class Standin:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout)
+
+
+def _account(name: str) -> tuple[int, int]:
+    """(uid, gid) of the user a stand-in runs as; raises ``ValueError`` saying what is wrong."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ValueError(f"run_as: there is no user {name!r} on this machine") from None
+    if os.geteuid() != 0:
+        raise ValueError(f"run_as: {name}: only root can start a process as another user")
+    return entry.pw_uid, entry.pw_gid
 
 
 def _argv(cmdline: tuple[str, ...], workdir: Path) -> list[str]:
@@ -108,11 +121,15 @@ def spawn(
     ack: str = "0",
     ready_timeout: float = 10.0,
     ack_spool: Path | None = None,
+    run_as: str | None = None,
 ) -> Standin:
     """Start one stand-in and wait until its signal handlers are installed. It acknowledges
     in ``ack_spool`` (default: ``gpuwarden.job.DEFAULT_ACK_DIR``) unless ``env`` names its
-    own ``GPUWARDEN_ACK_DIR``."""
+    own ``GPUWARDEN_ACK_DIR``. ``run_as``: the user it runs as (we must be root). It is
+    started as us and drops to that user itself, before it installs anything: the
+    interpreter may live where only root can read it."""
     workdir.mkdir(parents=True, exist_ok=True)
+    owner = _account(run_as) if run_as is not None else None
     log = workdir / f"{job_id}.signals.log"
     log.unlink(missing_ok=True)
     ack_dir = Path(env.get("GPUWARDEN_ACK_DIR") or ack_spool or job.DEFAULT_ACK_DIR)
@@ -128,8 +145,14 @@ def spawn(
         "GPUWARDEN_STANDIN_ON_TERM": on_term,
         "GPUWARDEN_STANDIN_ACK": ack,
     }
+    argv = _argv(cmdline, workdir)
+    if owner is not None:
+        child_env["GPUWARDEN_STANDIN_USER"] = f"{owner[0]}:{owner[1]}"
+        workdir.parent.chmod(workdir.parent.stat().st_mode | 0o111)  # it may pass, not list
+        for path in (workdir, *workdir.rglob("*")):
+            os.chown(path, owner[0], owner[1])
     process = subprocess.Popen(
-        _argv(cmdline, workdir),
+        argv,
         executable=sys.executable,
         cwd=workdir,
         env=child_env,
@@ -138,7 +161,7 @@ def spawn(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    standin = Standin(job_id, process, log, ack_dir)
+    standin = Standin(job_id, process, log, ack_dir, None if owner is None else owner[0])
     deadline = time.monotonic() + ready_timeout
     while not any(line.startswith("ready") for line in standin.signals()):
         if process.poll() is not None:
