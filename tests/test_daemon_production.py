@@ -155,9 +155,10 @@ def _threads(pid: int) -> int:
 
 
 def _last_tick(text: str) -> float:
-    for line in text.splitlines():
-        if line.startswith("gpuwarden_last_tick_timestamp_seconds "):
-            return float(line.split()[1])
+    for line in text.splitlines():  # with or without labels (Hostname)
+        name, _, rest = line.partition(" ") if "{" not in line else line.partition("{")
+        if name == "gpuwarden_last_tick_timestamp_seconds":
+            return float(rest.rsplit(" ", 1)[-1])
     return 0.0
 
 
