@@ -70,7 +70,9 @@ install:
 	test -e $(DESTDIR)/etc/gpuwarden/gpuwarden.yaml || install -m 0644 config/gpuwarden.yaml $(DESTDIR)/etc/gpuwarden/gpuwarden.yaml
 	for f in playbooks/*.yaml; do test -e $(DESTDIR)/etc/gpuwarden/$$f || install -m 0644 $$f $(DESTDIR)/etc/gpuwarden/$$f; done
 	install -m 0644 systemd/gpuwarden.service $(DESTDIR)/etc/systemd/system/gpuwarden.service
-	@echo "installed; next: gpuwarden check --config /etc/gpuwarden/gpuwarden.yaml && systemctl daemon-reload && systemctl enable --now gpuwarden"
+	@echo "installed in SHADOW mode: gpuwarden records and notifies, and acts on nothing until /etc/gpuwarden/gpuwarden.yaml says mode: enforce"
+	@echo "next: gpuwarden check --config /etc/gpuwarden/gpuwarden.yaml && systemctl daemon-reload && systemctl enable --now gpuwarden"
+	@echo "arm it later: put the notification secrets in place, set mode: enforce, run gpuwarden check again (docs/operations.md)"
 
 # Remove what install put in place; the config, the playbooks and the journal stay.
 uninstall:

@@ -186,3 +186,14 @@ def system_users() -> Iterator[dict[str, SystemUser]]:
         pytest.skip(why)
     with created_users("mallory", "bob") as users:
         yield users
+
+
+@pytest.fixture(scope="session")
+def job_owner() -> Iterator[str]:
+    """A real user (not root) to own spawned jobs (``run_as:`` in a scenario)."""
+    from tests.real_users import CAN_CREATE, temporary_user
+
+    if not CAN_CREATE:
+        pytest.skip("needs root and useradd to create a user")
+    with temporary_user() as name:
+        yield name

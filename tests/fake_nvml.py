@@ -93,6 +93,9 @@ class FakeGpu:
     retired_pages: tuple[list[int], list[int], bool] | None = None  # (single, double, pending)
     pstate: int = 0
     mig_mode: tuple[int, int] = (0, 0)
+    sm_clock_mhz: int = 1980
+    memory_clock_mhz: int = 2619
+    energy_mj: int = 86_400_000_000
     processes: list[FakeProcess] = field(default_factory=list)
     sample_time_us: int = 1_000_000  # timestamp of this GPU's utilization samples
     supported_events: int = EVENT_XID | EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_PSTATE
@@ -295,6 +298,17 @@ class FakeNvml:
     def _c_nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, out: Any) -> int:
         name = "nvmlDeviceGetCurrentClocksThrottleReasons"
         return self._uint(handle, name, out, lambda g: g.clocks_event_reasons)
+
+    def _c_nvmlDeviceGetClockInfo(self, handle: Any, kind: Any, out: Any) -> int:
+        clocks = {pynvml.NVML_CLOCK_SM: "sm_clock_mhz", pynvml.NVML_CLOCK_MEM: "memory_clock_mhz"}
+        name = clocks.get(_value(kind))
+        if name is None:
+            return NOT_SUPPORTED
+        return self._uint(handle, "nvmlDeviceGetClockInfo", out, lambda g: getattr(g, name))
+
+    def _c_nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, out: Any) -> int:
+        name = "nvmlDeviceGetTotalEnergyConsumption"
+        return self._uint(handle, name, out, lambda g: g.energy_mj)
 
     def _c_nvmlDeviceGetPerformanceState(self, handle: Any, out: Any) -> int:
         return self._uint(handle, "nvmlDeviceGetPerformanceState", out, lambda g: g.pstate)

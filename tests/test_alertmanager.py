@@ -7,6 +7,7 @@ real sender; Alertmanager's notifications reach a real webhook receiver.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 import uuid
@@ -24,6 +25,7 @@ from gpuwarden.model import (
     ProcessInfo,
     Reason,
     RuleChange,
+    Snapshot,
     Transition,
 )
 from gpuwarden.notify import service
@@ -41,6 +43,17 @@ from tests.alertmanager_server import (  # noqa: F401
 )
 
 GPU = GpuState(index=0, name="NVIDIA A100", uuid="GPU-5e1f0c2a-0000-4000-8000-000000000001")
+
+
+@dataclasses.dataclass
+class Open:
+    """An open incident as the run loop hands it to notifications (the engine's Incident)."""
+
+    id: str
+    scope: str = "gpu:0"
+    gpu: int | None = 0
+
+
 SWEEP = GpuProcess(
     pid=4242,
     gpu=0,
@@ -103,7 +116,7 @@ class Host:
                 where="GPU 0",
             ),
         ]
-        self.told.observe(records, [GPU], {incident: 0}, now, processes=[SWEEP])
+        self.told.observe(records, Snapshot("node-1", now, (GPU,), (SWEEP,)), [Open(incident)], now)
         return incident
 
     def resolves(self, rule: str) -> None:
@@ -111,7 +124,7 @@ class Host:
         change = RuleChange(
             Transition.RESOLVED, rule, "gpu:0", now, Reason.RESOLVED, self.incident(rule)
         )
-        self.told.observe([change], [GPU], {}, now)
+        self.told.observe([change], Snapshot("node-1", now, (GPU,)), (), now)
 
     def send(self) -> int:
         """Queue what is due and deliver it now (the daemon's sender thread, in this one)."""

@@ -196,7 +196,10 @@ def test_the_gpuwarden_config_variable_is_honoured(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        f"{bad}:4:14: notify.targets.oncall.urlz: unknown field",
+        f"{bad}:4:14: notify.targets.oncall.urlz: unknown field 'urlz' — expected one of type, "
+        "urls, config, tags, min_severity, quiet_hours, fallback, body_format, owners, "
+        "owner_mail, advice, resend, labels, link, ack_on_silence",
+        "  hint: did you mean urls?",
         "check failed: 1 problem",
     ]
     # --config wins over the variable
@@ -282,3 +285,92 @@ def test_check_prints_a_sub_second_tick_as_written(tmp_path: Path) -> None:
     result = gpuwarden("check", "--config", config, playbook)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].startswith("           tick 500ms, timezone UTC")
+
+
+# -- arming: mode: enforce and rules that cannot tell anyone ---------------------------------
+
+
+def armed_config(tmp_path: Path, mode: str = "enforce") -> Path:
+    text = (ROOT / "config" / "gpuwarden.yaml").read_text()
+    assert "\nmode: shadow " in text  # a fresh install starts in shadow
+    path = tmp_path / "gpuwarden.yaml"
+    path.write_text(text.replace("\nmode: shadow ", f"\nmode: {mode} "))
+    return path
+
+
+def test_armed_check_fails_with_2_while_a_killing_rule_cannot_tell_anyone(tmp_path: Path) -> None:
+    cfg = armed_config(tmp_path)
+    playbook = ROOT / "playbooks" / "memory-pressure.yaml"
+    line = position(playbook, "gpu-memory-pressure", after="name: ").split(":")[0]
+    result = gpuwarden("check", "--config", cfg, playbook)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == (
+        f"{playbook}:{line}: rule 'gpu-memory-pressure' can kill, and its notification target "
+        "'oncall' cannot be resolved"
+    )
+    assert lines[1].startswith(f"{cfg}: notify target 'oncall' URL 1: environment variable ")
+    assert "GPUWARDEN_ONCALL_URL is not set" in lines[1]
+    assert lines[-1] == (
+        "check failed: 1 rule(s) can act but cannot tell anyone (exit 2; --allow-silent "
+        "accepts that)"
+    )
+    # The secret in place: armed and fine. Its value is never printed.
+    secret = "json://user:t0ps3cret@127.0.0.1:9/hook"
+    told = gpuwarden("check", "--config", cfg, playbook, env={"GPUWARDEN_ONCALL_URL": secret})
+    assert told.returncode == 0, told.stderr
+    assert "t0ps3cret" not in told.stdout + told.stderr
+    assert "mode enforce (steps act)" in told.stdout
+    # Accepted on purpose: a warning, exit 0.
+    allowed = gpuwarden("check", "--config", cfg, playbook, "--allow-silent")
+    assert allowed.returncode == 0, allowed.stderr
+    assert f"warning: {lines[0]}" in allowed.stderr.splitlines()
+
+
+def test_a_rule_that_kills_without_a_notify_step_is_silent(tmp_path: Path) -> None:
+    playbook = tmp_path / "quiet.yaml"
+    playbook.write_text(
+        "rules:\n  - name: quiet\n    when: gpu.memory.used_pct > 99\n"
+        "    steps:\n      - kill: {select: process.priority <= low}\n"
+    )
+    result = gpuwarden("check", "--config", armed_config(tmp_path), playbook)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[:2] == [
+        f"{playbook}:2: rule 'quiet' can kill and has no notify step: nobody is told",
+        "  hint: add `- notify: TARGET` as its first step",
+    ]
+
+
+def test_in_shadow_mode_check_passes_and_says_what_arming_needs(tmp_path: Path) -> None:
+    result = gpuwarden(
+        "check", "--config", armed_config(tmp_path, "shadow"), "playbooks/memory-pressure.yaml"
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.endswith("mode shadow (nothing is acted on)") for line in lines)
+    assert (
+        "shadow mode: nothing is acted on; once armed (mode: enforce), check fails until these "
+        "rules can tell someone:" in lines
+    )
+    assert lines[-1] == "ok: 1 rule(s) in 1 file(s)"
+
+
+@pytest.mark.parametrize(
+    ("keys", "shadow"),
+    [("mode: shadow", True), ("mode: enforce", False), ("dry_run: true", True), ("", False)],
+)
+def test_mode_and_its_older_spelling(tmp_path: Path, keys: str, shadow: bool) -> None:
+    path = tmp_path / "gpuwarden.yaml"
+    path.write_text(f"tick: 2s\n{keys}\n")
+    assert config.load(path).shadow is shadow
+
+
+def test_mode_and_dry_run_that_disagree_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "gpuwarden.yaml"
+    path.write_text("mode: enforce\ndry_run: true\n")
+    result = gpuwarden("check", "--config", path, "playbooks/memory-pressure.yaml")
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"{path}:2:10: dry_run: true contradicts mode: enforce (dry_run: true is the older "
+        "spelling of mode: shadow); keep mode and remove dry_run"
+    )

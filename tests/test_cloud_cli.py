@@ -68,6 +68,9 @@ def write_config(tmp_path: Path, profiles: dict[str, Any]) -> Path:
         "state_dir": str(tmp_path / "state"),
         "playbooks": str(tmp_path / "playbooks"),
         "cloud": {"profiles": profiles},
+        # A rule that can launch must be able to tell someone, or an armed check fails;
+        # nothing is ever sent to this address by the tests that name it.
+        "notify": {"targets": {"team": {"urls": ["json://127.0.0.1:9/team"]}}},
     }
     path.write_text(yaml.safe_dump(document))
     return path
@@ -396,7 +399,7 @@ def check(path: Path, *extra: str, env: dict[str, str]) -> subprocess.CompletedP
     )
 
 
-def playbook(tmp_path: Path, steps: str = "[provision: burst]") -> Path:
+def playbook(tmp_path: Path, steps: str = "[notify: team, provision: burst]") -> Path:
     directory = tmp_path / "playbooks"
     directory.mkdir(exist_ok=True)
     (directory / "burst.yaml").write_text(
@@ -459,7 +462,7 @@ def test_check_without_boto3_says_how_to_install_it(tmp_path: Path) -> None:
 
 def test_check_without_cloud_profiles_never_imports_boto3(tmp_path: Path) -> None:
     path = write_config(tmp_path, {})
-    playbook(tmp_path, steps="[exec: [/bin/true]]")
+    playbook(tmp_path, steps="[notify: team, exec: [/bin/true]]")
     env, mark = shadow_boto3(tmp_path)
     result = check(path, "--strict", env=env)
     assert (result.returncode, result.stderr) == (0, "")

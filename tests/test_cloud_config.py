@@ -353,11 +353,11 @@ def test_caps_are_finite_and_bounded(tmp_path: Path) -> None:
     # NaN compares false with everything: a NaN cap would let any spend through.
     text = HEAD + AMI + "      max_hourly_usd: .nan\n      max_instances: 5000\n"
     text += "protected: {pids: [99999999999]}\n"
-    assert refused(tmp_path, text) == [
-        "9:20: protected.pids.0: input should be less than or equal to 4194304 (got 99999999999)",
+    assert refused(tmp_path, text) == [  # in file order
+        "7:23: cloud.profiles.burst.max_hourly_usd: input should be a finite number (got nan)",
         "8:22: cloud.profiles.burst.max_instances: input should be less than or equal to 1000"
         " (got 5000)",
-        "7:23: cloud.profiles.burst.max_hourly_usd: input should be a finite number (got nan)",
+        "9:20: protected.pids.0: input should be less than or equal to 4194304 (got 99999999999)",
     ]
 
 

@@ -78,11 +78,22 @@ def test_reload_readiness_and_metrics_while_running(tmp_path: Path) -> None:
     try:
         assert b"READY=1" in notify.recv(4096)
         until(lambda: "gpuwarden_tick_duration_seconds_count" in scrape(port), 10)
+        first = scrape(port)
+        # gpuwarden's own series carry the host; no reload yet is not a failed one; each
+        # loaded rule's incident counter is there from 0 (what dashboard annotations need).
+        assert 'gpuwarden_last_reload_successful{Hostname="demo-node"} 1.0' in first
+        assert 'gpuwarden_shadow_mode{Hostname="demo-node"} 0.0' in first
+        assert (
+            'gpuwarden_incidents_total{Hostname="demo-node",rule="gpu-memory-pressure",'
+            'severity="critical"} 0.0' in first
+        )
         rules = playbooks / "memory-pressure.yaml"
         rules.write_text(rules.read_text().replace("used_pct >= 95", "used_pc >= 95"))
-        refused = until(lambda: 'gpuwarden_reloads_total{result="failed"} 1.0' in scrape(port), 5)
+        failed = 'gpuwarden_reloads_total{Hostname="demo-node",result="failed"} 1.0'
+        refused = until(lambda: failed in scrape(port), 5)
         rules.write_text(rules.read_text().replace("used_pc >= 95", "used_pct >= 97"))
-        taken = until(lambda: 'gpuwarden_reloads_total{result="ok"} 1.0' in scrape(port), 5)
+        ok = 'gpuwarden_reloads_total{Hostname="demo-node",result="ok"} 1.0'
+        taken = until(lambda: ok in scrape(port), 5)
         assert refused < 2.0
         assert taken < 2.0
         process.send_signal(signal.SIGHUP)  # the same path by signal: RELOADING, then READY

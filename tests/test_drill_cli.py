@@ -22,9 +22,10 @@ def gpuwarden(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 def test_memory_pressure_drill_json_shows_the_whole_ladder() -> None:
     result = gpuwarden("drill", SCENARIO, "--config", "config/gpuwarden.yaml", "--json")
     assert result.returncode == 0, result.stderr
-    records = [json.loads(line) for line in result.stdout.splitlines()]
+    everything = [json.loads(line) for line in result.stdout.splitlines()]
+    records = [r for r in everything if r["kind"] != "message"]
     for record in records:
-        assert {"t", "kind", "rule", "scope", "reason"} <= set(record)
+        assert {"t", "at", "kind", "rule", "scope", "reason"} <= set(record)
         assert record["kind"] in {
             "pending",
             "firing",
@@ -50,6 +51,30 @@ def test_memory_pressure_drill_json_shows_the_whole_ladder() -> None:
     ]
     kills = [r for r in records if r["kind"] == "step" and r.get("step") == "kill"]
     assert [t["priority"] for k in kills for t in k["targets"]] == ["low"]
+    # The wall clock, in the scenario's time zone (it starts at 02:58:00Z), and what the
+    # condition read when the rule went pending and fired.
+    (pending,) = [
+        r for r in records if r["rule"] == "gpu-memory-pressure" and r["kind"] == "pending"
+    ]
+    assert pending["at"] == "2026-03-14T02:59:34+00:00"
+    assert pending["values"] == {"gpu.memory.used_pct": pending["values"]["gpu.memory.used_pct"]}
+    assert pending["values"]["gpu.memory.used_pct"] >= 95
+    assert pending["detail"].startswith("gpu.memory.used_pct = 95")
+    # Each message the run would send, with its text: the page at group_wait after firing,
+    # the resolve message a group_interval after the last one.
+    messages = [
+        r for r in everything if r["kind"] == "message" and "GPU memory pressure" in r["title"]
+    ]
+    assert [(m["t"], m["target"], m["message"]) for m in messages] == [
+        (154.0, "oncall", "open"),
+        (454.0, "oncall", "resolve"),
+    ]
+    assert messages[0]["title"] == "[DRILL] [CRITICAL] GPU memory pressure on gpu-node-07: GPU 0"
+    assert "memory 99.5 % used" in messages[0]["body"]
+    assert (
+        "kill pid 4195305 (bob, low, 28900 MiB, python sweep.py --trial 17)"
+        in (messages[1]["body"])
+    )
 
 
 def test_drill_uses_the_checkouts_playbooks_when_none_are_installed(tmp_path: Path) -> None:
@@ -59,7 +84,7 @@ def test_drill_uses_the_checkouts_playbooks_when_none_are_installed(tmp_path: Pa
         assert "using ./playbooks" in result.stderr
     assert "STEP kill → pid" in result.stdout
     assert "(sweep) bob/low" in result.stdout
-    assert result.stdout.splitlines()[-3].startswith(f"summary: {SCENARIO}: 9 rule(s)")
+    assert result.stdout.splitlines()[-4].startswith(f"summary: {SCENARIO}: 9 rule(s)")
 
 
 SLURM_LADDER = """

@@ -38,7 +38,7 @@ def sequence(playbook: str) -> list[tuple[object, ...]]:
     return [
         (r["t"], r["kind"], r.get("step"), tuple(t["job"] for t in r.get("targets", [])))
         for r in records(playbook)
-        if r["kind"] != "skip"
+        if r["kind"] not in ("skip", "message")
     ]
 
 
@@ -53,6 +53,22 @@ def test_memory_pressure_ladder_reads_as_documented() -> None:
         (124.0, "step", "checkpoint", ("trainer",)),
         (244.0, "step", "kill", ("sweep",)),
         (246.0, "resolved", None, ()),
+    ]
+
+
+def test_memory_pressure_timeline_says_when_what_and_what_was_said() -> None:
+    pending, firing = (r for r in records("memory-pressure") if r["kind"] in ("pending", "firing"))
+    assert pending["at"] == "2026-03-14T02:59:34+00:00"  # 1:34 after the 02:58:00Z start
+    assert pending["detail"] == "gpu.memory.used_pct = 95.02"
+    assert firing["values"]["gpu.memory.used_pct"] > 99
+    said = [
+        (r["t"], r["target"], r["title"])
+        for r in records("memory-pressure")
+        if r["kind"] == "message"
+    ]
+    assert said == [
+        (154.0, "oncall", "[DRILL] [CRITICAL] GPU memory pressure on gpu-node-07: GPU 0"),
+        (454.0, "oncall", "[DRILL] [RESOLVED] GPU memory pressure on gpu-node-07: GPU 0"),
     ]
 
 

@@ -95,8 +95,8 @@ def test_the_recorded_ladder_reads_as_a_timeline(recorded: Path) -> None:
     events = [line for line in lines if line[:4] == "2026"]
     # the golden drill: pending at 1:34, firing 30 s later, notify + checkpoint, kill at +2:00
     assert [e[22:] for e in events] == [
-        " -0:30  PENDING   condition met",
-        " +0:00  FIRING    for elapsed",
+        " -0:30  PENDING   condition met (gpu.memory.used_pct = 95.02)",
+        " +0:00  FIRING    for elapsed (gpu.memory.used_pct = 99.49)",
         " +0:00  STEP 0: notify (step due) → oncall",
         " +0:00  STEP 1: checkpoint (step due)",
         " +0:01  DONE 0: notify: notify: 0 target(s)",
@@ -104,7 +104,7 @@ def test_the_recorded_ladder_reads_as_a_timeline(recorded: Path) -> None:
         " +0:01  UNDO      resume pid 4195304 when the incident ends",
         " +2:00  STEP 2: kill (step due)",
         " +2:01  DONE 2: kill: kill: 1 target(s)",
-        " +2:02  RESOLVED  until met",
+        " +2:02  RESOLVED  until met (gpu.memory.used_pct = 64.21)",
         " +2:07  UNDONE    resume pid 4195304: done",
     ]
     assert any(

@@ -51,6 +51,12 @@ def problems_of(tmp_path: Path, files: dict[str, str], cfg: Config = CONFIG) -> 
     return [r.replace(f"{directory}/", "") for r in rendered]
 
 
+RULE_KEYS = (
+    "name, description, for_each, when, for, until, active, every, cooldown"
+    ", severity, labels, mode, pause_on_ack, group_wait, group_interval, repeat, steps"
+)
+
+
 def rule(body: str, *, name: str = "r", when: str = "gpu.index == 0") -> str:
     """One rule; ``body`` is more of its keys, indented four spaces."""
     return f"rules:\n  - name: {name}\n    when: {when}\n{body}"
@@ -179,12 +185,17 @@ def test_an_empty_file(tmp_path: Path) -> None:
 
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:
-    assert problems(tmp_path, "version: 1\nrulez: []\n") == ["p.yaml:2:1: rulez: unknown field"]
+    assert problems(tmp_path, "version: 1\nrulez: []\n") == [
+        "p.yaml:2:1: rulez: unknown field 'rulez' — expected one of version, rules\n"
+        "  hint: did you mean rules?"
+    ]
 
 
 def test_unknown_rule_field_points_at_its_key(tmp_path: Path) -> None:
     text = rule("    colour:   red\n")
-    assert problems(tmp_path, text) == ["p.yaml:4:5: rules.0.colour: unknown field"]
+    assert problems(tmp_path, text) == [
+        f"p.yaml:4:5: rules.0.colour: unknown field 'colour' — expected one of {RULE_KEYS}"
+    ]
 
 
 def test_wrong_types_point_at_the_values(tmp_path: Path) -> None:
@@ -243,9 +254,9 @@ def test_numbers_and_durations_of_steps_are_bounded_where_they_stand(tmp_path: P
         "      - after: 5000d\n        notify: oncall\n"
     )
     assert problems(tmp_path, text) == [
+        "p.yaml:5:24: rules.0.steps.0.kill.settle: duration too long: '1000000d' (at most 3650d)",
         "p.yaml:5:41: rules.0.steps.0.kill.limit: input should be less than or equal to 10000"
         " (got 99999999999)",
-        "p.yaml:5:24: rules.0.steps.0.kill.settle: duration too long: '1000000d' (at most 3650d)",
         "p.yaml:6:28: rules.0.steps.1.power_cap.watts: input should be less than or equal to"
         " 10000 (got 1e+30)",
         "p.yaml:7:44: rules.0.steps.2.exec.timeout: duration too long: 10000000000 (at most 3650d)",
@@ -331,8 +342,12 @@ def test_a_step_with_two_kinds_and_a_step_with_none(tmp_path: Path) -> None:
 def test_unknown_step_field(tmp_path: Path) -> None:
     text = rule("    steps:\n      - notify: oncall\n        retry: 3\n      - kill: {grase: 5s}\n")
     assert problems(tmp_path, text) == [
-        "p.yaml:6:9: rules.0.steps.0.retry: unknown field",
-        "p.yaml:7:16: rules.0.steps.1.kill.grase: unknown field",
+        "p.yaml:6:9: rules.0.steps.0.retry: unknown step kind 'retry' — expected one of "
+        "notify, checkpoint, suspend, resume, renice, kill, requeue, power_cap, exec, provision, "
+        "after, name",
+        "p.yaml:7:16: rules.0.steps.1.kill.grase: unknown field 'grase' — expected one of "
+        "select, order, limit, free_until, grace, signal, process_group, settle, via\n"
+        "  hint: did you mean grace?",
     ]
 
 
@@ -698,7 +713,85 @@ def test_a_notify_message_may_only_use_known_placeholders(tmp_path: Path) -> Non
     with pytest.raises(InputError) as caught:
         loader.load([path], cfg)
     (problem,) = caught.value.problems
-    assert problem.message == "unknown placeholder ${hostname} in the message"
+    assert problem.message == "unknown placeholder ${hostname} in the message of a gpu rule"
+    assert problem.hint == "did you mean ${host}?"
     assert problem.line == 5
     path.write_text(path.read_text().replace("${hostname}", "${host}"))
     assert [r.name for r in loader.load([path], cfg).rules] == ["r"]
+
+
+# -- authoring: suggestions, file order, every problem in one run ------------------------------
+
+
+def test_a_misspelled_step_kind_gets_a_suggestion_and_the_list(tmp_path: Path) -> None:
+    text = rule("    steps:\n      - kil: {select: process.priority <= low}\n")
+    assert problems(tmp_path, text) == [
+        "p.yaml:5:9: rules.0.steps.0.kil: unknown step kind 'kil' — expected one of notify, "
+        "checkpoint, suspend, resume, renice, kill, requeue, power_cap, exec, provision, after, "
+        "name\n"
+        "  hint: did you mean kill?"
+    ]
+
+
+def test_structure_and_expression_problems_come_together_in_file_order(tmp_path: Path) -> None:
+    text = (
+        "rules:\n"
+        "  - name: a\n"
+        "    when: gpu.memory.used_pct >= 95 and\n"  # an expression problem, line 3
+        "  - name: b\n"
+        "    whn: gpu.memory.used_pct >= 95\n"  # structure problems, lines 4 and 5
+        "  - name: c\n"
+        "    when: gpu.temprature_c > 80\n"  # an expression problem, line 7
+        "    severty: critical\n"  # a structure problem, line 8
+    )
+    reported = problems(tmp_path, text)
+    assert [line.split(" ")[0] for line in reported] == [
+        "p.yaml:3:40:",
+        "p.yaml:4:5:",
+        "p.yaml:5:5:",
+        "p.yaml:7:11:",  # rule c's expression, although its structure is wrong too
+        "p.yaml:8:5:",
+    ]
+    assert reported[3].endswith("\n  hint: did you mean gpu.temperature_c?")
+
+
+@pytest.mark.parametrize(
+    ("when", "column", "value"),
+    [
+        ("process.user == bob", 27, "bob"),
+        ("bob == process.user", 11, "bob"),
+        ("process.user in [alice, bob]", 28, "alice"),
+    ],
+)
+def test_a_bare_name_compared_with_a_string_field_hints_at_quotes(
+    tmp_path: Path, when: str, column: int, value: str
+) -> None:
+    text = f"rules:\n  - name: r\n    for_each: process\n    when: {when}\n"
+    assert problems(tmp_path, text) == [
+        f"p.yaml:4:{column}: unknown name {value}\n"
+        f'  hint: process.user is a string: write "{value}" in quotes'
+    ]
+
+
+def test_a_bare_name_next_to_a_number_gets_no_quote_hint(tmp_path: Path) -> None:
+    text = "rules:\n  - name: r\n    for_each: process\n    when: process.gpu_memory_mib > big\n"
+    assert problems(tmp_path, text) == ["p.yaml:4:36: unknown name big"]
+
+
+def test_a_host_rule_killing_without_select_loads_with_a_warning(tmp_path: Path) -> None:
+    text = (
+        "rules:\n  - name: r\n    for_each: host\n    when: host.gpus_lost > 0\n"
+        "    steps:\n      - kill: {}\n      - suspend: {select: process.priority <= low}\n"
+    )
+    directory = write(tmp_path / "playbooks", {"p.yaml": text})
+    loaded = loader.load([directory], CONFIG)
+    assert [w.render().replace(f"{directory}/", "") for w in loaded.warnings] == [
+        "p.yaml:6:15: kill without select in a host rule chooses among every process on every "
+        "GPU of the machine\n"
+        "  hint: say which: kill: {select: process.priority <= low} (and free_until or limit "
+        "to stop early)"
+    ]
+    gpu_rule = text.replace("for_each: host", "for_each: gpu").replace(
+        "host.gpus_lost > 0", "gpu.lost"
+    )
+    assert loader.load([write(tmp_path / "g", {"p.yaml": gpu_rule})], CONFIG).warnings == ()

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from gpuwarden.metrics import DCGM_GAUGES, TICK_BUCKETS, Metrics, parse_listen
+from gpuwarden.metrics import DCGM_GAUGES, ENERGY, TICK_BUCKETS, Metrics, parse_listen
 from gpuwarden.metrics_http import MetricsServer
 from gpuwarden.model import Event, EventKind, GpuState, Memory, Snapshot
 
@@ -34,6 +34,9 @@ def two_gpus(*, lost_second: bool = False, events: tuple[Event, ...] = ()) -> Sn
         utilization_pct=97,
         temperature_c=81,
         power_w=612.5,
+        sm_clock_mhz=1980,
+        memory_clock_mhz=2619,
+        energy_mj=86_400_000_000,
     )
     if lost_second:
         second = GpuState(index=1, uuid="GPU-bbbb", lost=True, error="GPU is lost")
@@ -71,7 +74,15 @@ def scrape(m: Metrics) -> list[Sample]:
 
 
 def values(samples: list[Sample], name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {tuple(sorted(s.labels.items())): s.value for s in samples if s.name == name}
+    """The samples of ``name`` by their labels, less ``Hostname`` (every gpuwarden series
+    carries it: the host of the latest snapshot, or none before the first tick)."""
+    found = {}
+    for s in samples:
+        if s.name == name:
+            labels = dict(s.labels)
+            assert labels.pop("Hostname") in (HOST, ""), s
+            found[tuple(sorted(labels.items()))] = s.value
+    return found
 
 
 def by_gpu(samples: list[Sample], name: str) -> dict[str, float]:
@@ -310,15 +321,24 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     m.serve("127.0.0.1:0")
     try:
         xid = Event(EventKind.XID, 1_700_000_000.0, gpu=0, xid=79)
+        m.observe_rules([("gpu-hot", "critical")])
         m.observe_tick(two_gpus(events=(xid,)), 0.002, {("gpu-hot", "firing"): 1}, 1)
         m.observe_step("kill", "ok")
         m.observe_outbox({"pending": 1}, 0)
         m.observe_reload(True, 1.0)
-        exported = {s.name for s in scrape(m)}
+        samples = scrape(m)
+        exported = {s.name for s in samples}
     finally:
         m.close()
 
+    annotations = dashboard["annotations"]["list"]
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    own = [e for e in exprs + [a["expr"] for a in annotations] if "gpuwarden_" in e]
+    # gpuwarden's own series are filtered by the host variable, as the GPU gauges are
+    assert own
+    assert all('Hostname=~"$host"' in e for e in own), [e for e in own if "$host" not in e]
+    assert all(s.labels.get("Hostname") == HOST for s in samples if s.name.startswith("gpuwarden_"))
+    exprs += [a["expr"] for a in annotations]
     exprs.append(variables["host"]["definition"])
     queried = {
         name for expr in exprs for name in re.findall(r"\b(?:DCGM_FI_\w+|gpuwarden_\w+)", expr)
@@ -337,6 +357,15 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     }
     assert wanted <= queried
     assert any("histogram_quantile(0.99" in e for e in exprs)
+    panels = {p["title"]: p for p in dashboard["panels"]}
+    # DCGM_FI_DEV_FB_USED is MiB: Grafana's "mbytes" (MiB), not "decmbytes" (MB)
+    assert panels["GPU memory used"]["fieldConfig"]["defaults"]["unit"] == "mbytes"
+    assert "gpuwarden_cloud_spend_dollars" in panels["Cloud spend"]["targets"][0]["expr"]
+    assert panels["Cloud spend"]["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
+    (incidents,) = annotations  # incident annotations come from a metric
+    assert "gpuwarden_incidents_total" in incidents["expr"]
+    assert incidents["datasource"]["uid"] == "${datasource}"
+    assert {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_XID_ERRORS", ENERGY[0]} <= queried
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
@@ -365,14 +394,14 @@ def closed_by_server(s: socket.socket) -> bool:
 
 
 def test_idle_connections_beyond_the_bound_make_room_for_a_scrape() -> None:
-    registry = Metrics().registry
+    registry = Metrics(host="node-1").registry
     server = MetricsServer(registry, "127.0.0.1", 0, max_connections=8, read_timeout=60)
     idle = [socket.create_connection(server.address, timeout=10) for _ in range(40)]
     try:
         threads = threading.active_count()
         answer = raw(server.address, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
-        assert b"gpuwarden_open_incidents 0.0" in answer
+        assert b'gpuwarden_open_incidents{Hostname="node-1"} 0.0' in answer
         assert server.connections <= 8
         assert server.refused >= 40 - 8 + 1  # the oldest idle ones were closed
         assert closed_by_server(idle[0])  # the oldest went first
@@ -420,3 +449,54 @@ def test_methods_formats_and_compression() -> None:
         assert b"gpuwarden_open_incidents" in gzip.decompress(body)
     finally:
         server.close()
+
+
+def test_clocks_and_energy_under_dcgm_names(metrics: Metrics) -> None:
+    metrics.observe_tick(two_gpus(), 0.002, {}, 0)
+    samples = scrape(metrics)
+    assert by_gpu(samples, "DCGM_FI_DEV_SM_CLOCK") == {"0": 1980.0}  # GPU 1 cannot tell
+    assert by_gpu(samples, "DCGM_FI_DEV_MEM_CLOCK") == {"0": 2619.0}
+    assert by_gpu(samples, ENERGY[0]) == {"0": 86_400_000_000.0}  # the name, not ..._total
+
+
+def test_a_lost_gpu_keeps_its_last_xid(metrics: Metrics) -> None:
+    # XID 79 is the GPU falling off the bus: the one XID to keep showing once it is lost.
+    xid79 = Event(EventKind.XID, 1_700_000_000.0, gpu=1, xid=79)
+    metrics.observe_tick(two_gpus(events=(xid79,)), 0.002, {}, 0)
+    metrics.observe_tick(two_gpus(lost_second=True), 0.002, {}, 0)
+    samples = scrape(metrics)
+    assert by_gpu(samples, "DCGM_FI_DEV_XID_ERRORS") == {"1": 79.0}
+    assert by_gpu(samples, "gpuwarden_gpu_lost") == {"0": 0.0, "1": 1.0}
+    assert "1" not in by_gpu(samples, "DCGM_FI_DEV_FB_USED")
+
+
+def test_before_any_reload_the_last_reload_is_not_a_failure(metrics: Metrics) -> None:
+    samples = scrape(metrics)
+    assert values(samples, "gpuwarden_last_reload_successful") == {(): 1.0}
+    assert values(samples, "gpuwarden_reloads_total") == {
+        (("result", "ok"),): 0.0,
+        (("result", "failed"),): 0.0,
+    }
+
+
+def test_own_series_carry_the_host_and_incidents_count_from_zero() -> None:
+    m = Metrics(host="gpu-node-07")
+    m.serve("127.0.0.1:0")
+    try:
+        m.observe_rules([("gpu-memory-pressure", "critical"), ("idle", "info")])
+        m.observe_mode(True)
+        before = scrape(m)
+        m.observe_incident("gpu-memory-pressure", "critical")
+        after = scrape(m)
+    finally:
+        m.close()
+    own = [s for s in before if s.name.startswith("gpuwarden_")]
+    assert own
+    assert {s.labels["Hostname"] for s in own} == {"gpu-node-07"}
+    counts = {s.labels["rule"]: s.value for s in before if s.name == "gpuwarden_incidents_total"}
+    assert counts == {"gpu-memory-pressure": 0.0, "idle": 0.0}
+    assert {s.labels["rule"]: s.value for s in after if s.name == "gpuwarden_incidents_total"} == {
+        "gpu-memory-pressure": 1.0,
+        "idle": 0.0,
+    }
+    assert [s.value for s in before if s.name == "gpuwarden_shadow_mode"] == [1.0]

@@ -4,6 +4,7 @@ keeps an alert's identity. (tests/test_alertmanager.py runs the real one.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from gpuwarden.model import (
     ProcessInfo,
     Reason,
     RuleChange,
+    Snapshot,
     Transition,
 )
 from gpuwarden.notify import alerts
@@ -32,6 +34,15 @@ from gpuwarden.playbook.schema import NotifyParams
 T0 = 1_796_000_000.0
 UUID = "GPU-0000"
 GPUS = (GpuState(index=0, uuid=UUID), GpuState(index=1, uuid="GPU-1111"))
+
+
+@dataclasses.dataclass
+class Open:
+    """An open incident as the run loop hands it to notifications (the engine's Incident)."""
+
+    id: str
+    scope: str = "gpu:0"
+    gpu: int | None = 0
 
 
 def proc(pid: int, gpu: int, **info: Any) -> GpuProcess:
@@ -241,7 +252,10 @@ def test_a_restart_posts_an_open_incident_with_the_labels_it_had(tmp_path: Path)
     config = cfg()
     first = Notifications(config, path, host="node-1", background=False)
     first.observe(
-        [firing(), notify()], GPUS, {"inc-mem": 0}, T0, processes=[proc(1, 0, slurm_job="7")]
+        [firing(), notify()],
+        Snapshot("node-1", T0, GPUS, (proc(1, 0, slurm_job="7"),)),
+        [Open("inc-mem")],
+        T0,
     )
     first.flush(T0)
     first.close(T0)
@@ -266,7 +280,8 @@ def test_a_restart_posts_an_open_incident_with_the_labels_it_had(tmp_path: Path)
     )
     again = Notifications(config, path, host="node-1", background=False)
     again.restore(row, [step], T0 + 300)
-    again.observe([], (), {"inc-mem": 0}, T0 + 300)  # this snapshot knows no uuid, no job
+    # This snapshot knows no uuid, no job.
+    again.observe([], Snapshot("node-1", T0 + 300, ()), [Open("inc-mem")], T0 + 300)
     again.flush(T0 + 300)
     rows = [r for r in again.outbox.rows() if r.kind == "alert"]
     assert len(rows) == 2

@@ -8,10 +8,11 @@ from pathlib import Path
 from gpuwarden.config import Config
 from gpuwarden.journal.journal import Journal
 from gpuwarden.journal.schema import Access
-from gpuwarden.model import Intent, Reason, RuleChange, Transition
+from gpuwarden.model import Intent, Reason, RuleChange, Snapshot, Transition
+from gpuwarden.notify.facts import timings
 from gpuwarden.notify.grouping import Timing
 from gpuwarden.notify.outbox import Outbox
-from gpuwarden.notify.service import Notifications, timings
+from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.schema import NotifyParams, Rule
 
 
@@ -32,6 +33,8 @@ def test_a_rule_may_override_the_grouping_of_its_messages() -> None:
 # -- a stop and a restart during an open incident ----------------------------------------------
 
 T0 = 1_773_457_080.0  # 2026-03-14 02:58 UTC
+
+
 REPEAT = 3600.0
 
 
@@ -55,7 +58,7 @@ def _incident_fires(journal: Journal, told: Notifications) -> None:
         where="GPU 0",
     )
     written = journal.record_all([firing, notify], T0)
-    told.observe(written, [], {}, T0)
+    told.observe(written, Snapshot("node-1", T0, ()), (), T0)
 
 
 def _outbox(path: Path) -> list[tuple[str, str, float]]:
@@ -134,7 +137,7 @@ def test_a_stop_in_quiet_hours_queues_the_message_for_when_they_end(tmp_path: Pa
             params=NotifyParams(targets=("oncall",)),
             where="GPU 0",
         )
-        told.observe(journal.record_all([firing, notify], T0), [], {}, T0)
+        told.observe(journal.record_all([firing, notify], T0), Snapshot("node-1", T0, ()), (), T0)
         told.close(T0 + 60)  # 02:59 UTC: quiet until 07:00
     ((kind, _title, due),) = _outbox(path)
     assert kind == "open"

@@ -124,6 +124,9 @@ def test_eight_healthy_gpus_report_every_field(nvml: FakeNvml, open_source) -> N
         retired_pages=None,
         pstate=0,
         mig_mode=False,
+        sm_clock_mhz=1980,
+        memory_clock_mhz=2619,
+        energy_mj=86_400_000_000,
     )
     assert len({g.uuid for g in snap.gpus}) == 8
     assert snap.gpus[7].pci_bus_id == "00000000:88:00.0"
@@ -177,6 +180,8 @@ def test_clock_event_reasons_become_names(nvml: FakeNvml, open_source, mask, nam
         ({"nvmlDeviceGetTotalEccErrors"}, lambda g: g.ecc),
         ({"nvmlDeviceGetMigMode"}, lambda g: g.mig_mode),
         ({"nvmlDeviceGetPerformanceState"}, lambda g: g.pstate),
+        ({"nvmlDeviceGetClockInfo"}, lambda g: (g.sm_clock_mhz, g.memory_clock_mhz)),
+        ({"nvmlDeviceGetTotalEnergyConsumption"}, lambda g: g.energy_mj),
         ({"nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo"}, lambda g: g.memory),
     ],
 )

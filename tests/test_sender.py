@@ -328,3 +328,58 @@ def test_send_test_reports_each_url(receiver: JsonReceiver) -> None:
     [missing] = send_test("nobody", urls_of(table))
     assert missing.ok is False
     assert "no notify target 'nobody'" in missing.detail
+
+
+def test_a_target_without_its_secret_is_said_once_then_retried_quietly(
+    path: Path, receiver: JsonReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpuwarden.notify.routing import SecretError
+
+    secret: dict[str, str] = {}
+
+    def urls(target: str) -> list[str]:
+        if "url" not in secret:
+            raise SecretError(f"notify target {target!r} URL 1: environment variable X is not set")
+        return [secret["url"]]
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    caplog.set_level(logging.DEBUG, logger="gpuwarden.notify.sender")
+    clock = SimClock()
+    with Outbox(path) as outbox:
+        outbox.put(msg(1, created=clock.now()))
+        sender = Sender(outbox, urls, clock=clock, policy=FAST)
+        for _ in range(4):
+            sender.deliver_due()
+            clock.advance(1)
+        assert warnings() == [
+            "notify target=oncall is not configured: cannot read the target's URLs: notify "
+            "target 'oncall' URL 1: environment variable X is not set; its messages wait in "
+            "the outbox and are retried quietly until it is"
+        ]
+        assert sum("notify retry" in r.getMessage() for r in caplog.records) == 4  # at debug
+        secret["url"] = receiver.url()  # the secret is put in place: delivered at the next try
+        sender.deliver_due()
+        assert outbox.counts()["sent"] == 1
+    assert receiver.titles() == ["title m1"]
+
+
+def test_a_target_reported_unresolved_at_start_is_not_warned_about_again(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpuwarden.notify.routing import SecretError
+
+    def urls(target: str) -> list[str]:
+        raise SecretError("missing")
+
+    caplog.set_level(logging.DEBUG, logger="gpuwarden.notify.sender")
+    clock = SimClock()
+    with Outbox(path) as outbox:
+        outbox.put(msg(1, created=clock.now()))
+        sender = Sender(outbox, urls, clock=clock, policy=FAST, unresolved=["oncall"])
+        for _ in range(3):
+            sender.deliver_due()
+            clock.advance(1)
+        assert outbox.get(("m1", "oncall")).attempts == 3  # type: ignore[union-attr]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -138,3 +138,37 @@ def test_non_checkpoint_signals_are_only_logged(started) -> None:
     wait_until(lambda: {"signal SIGHUP", "signal SIGUSR2"} <= set(s.signals()))
     assert not any(line.startswith("ack") for line in s.signals())
     assert s.alive()
+
+
+def test_a_stand_in_runs_as_the_user_it_is_told_to(job_owner: str) -> None:
+    import pwd
+    import shutil
+    import tempfile
+
+    # A work directory the user can reach, as a scenario's is (pytest's tmp_path is not).
+    scenario = Path(tempfile.mkdtemp(prefix="gpuwarden-test-"))
+    standin = spawn(
+        "job",
+        ("python", "train.py"),
+        {"GPUWARDEN_CHECKPOINT_SIGNAL": "SIGUSR1"},
+        scenario / "job",
+        run_as=job_owner,
+    )
+    try:
+        status = Path(f"/proc/{standin.pid}/status").read_text()
+        uid = pwd.getpwnam(job_owner).pw_uid
+        (uids,) = [line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")]
+        assert uids == [str(uid)] * 4  # real, effective, saved, file system: for good
+        os.kill(standin.pid, signal.SIGUSR1)
+        wait_until(lambda: "ack SIGUSR1" in standin.signals())
+        (ack,) = standin.ack_dir.glob("*.ack")
+        assert ack.stat().st_uid == uid  # the job wrote it, as itself
+    finally:
+        standin.stop()
+        assert "ready pid=" in standin.signals()[0]
+        shutil.rmtree(scenario)
+
+
+def test_run_as_an_unknown_user_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="there is no user 'no-such-user-x'"):
+        spawn("job", ("python", "x.py"), {}, tmp_path / "job", run_as="no-such-user-x")

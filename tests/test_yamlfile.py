@@ -78,7 +78,9 @@ def test_missing_field_points_at_its_mapping() -> None:
 
 
 def test_unknown_field_points_at_its_key() -> None:
-    assert problems("name: a\nitems: []\ncolour: red\n") == ["f.yaml:3:1: colour: unknown field"]
+    assert problems("name: a\nitems: []\ncolour: red\n") == [
+        "f.yaml:3:1: colour: unknown field 'colour' — expected one of name, items"
+    ]
 
 
 def test_every_problem_is_reported_at_once() -> None:

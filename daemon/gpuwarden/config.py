@@ -31,8 +31,39 @@ from pydantic import (
 
 from gpuwarden import yamlfile
 from gpuwarden.cloud import tags as cloud_tags
-from gpuwarden.timewindow import parse_active
+from gpuwarden.config_notify import (
+    ALERT_LINK_NAMES,
+    ALERT_OWN_LABELS,
+    Notify,
+    NotifyTarget,
+    OwnerMail,
+    Secret,
+)
 from gpuwarden.units import parse_duration
+
+# The notify section's models live in config_notify.py and are exported here too.
+__all__ = [
+    "ALERT_LINK_NAMES",
+    "ALERT_OWN_LABELS",
+    "DEFAULT_CLASSES",
+    "DEFAULT_PATH",
+    "Cloud",
+    "CloudProfile",
+    "Config",
+    "Limit",
+    "MatchRule",
+    "MetricsConfig",
+    "Notify",
+    "NotifyTarget",
+    "OwnerMail",
+    "Priorities",
+    "PriorityClass",
+    "Protected",
+    "ReloadConfig",
+    "Safety",
+    "Secret",
+    "load",
+]
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.yaml")
 DEFAULT_CLASSES = ("critical", "high", "normal", "low", "scavenger")
@@ -163,142 +194,6 @@ class Protected(_Strict):
                 "'/usr/bin/nvidia-persistenced') or units instead; see docs/security.md"
             )
         return value
-
-
-class Secret(_Strict):
-    """A secret value given inline, read from a file, or taken from an environment variable."""
-
-    value: str | None = None
-    file: Path | None = None
-    env: str | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Secret:
-        given = [k for k in ("value", "file", "env") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of value, file, env")
-        return self
-
-
-ALERT_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-ALERT_OWN_LABELS = ("alertname", "severity", "host", "gpu", "uuid", "job", "mode")
-ALERT_LINK_NAMES = ("host", "incident", "rule")
-
-
-class NotifyTarget(_Strict):
-    """A named destination for messages: apprise URLs (or a secret holding them); or, with
-    ``type: alertmanager``, Alertmanager's base URLs, to which each incident is posted as an
-    alert (docs/fleet.md)."""
-
-    type: Literal["apprise", "alertmanager"] = "apprise"
-    urls: tuple[str | Secret, ...] = ()
-    config: Path | None = None
-    tags: Names = ()
-    min_severity: Literal["info", "warning", "critical"] = "info"
-    quiet_hours: str | None = None
-    fallback: str | None = None
-    # How message bodies are written for this target; facts are escaped for it.
-    body_format: Literal["text", "markdown", "html"] = "text"
-    # type alertmanager: re-post an open incident's alert this often; extra labels on every
-    # alert; a link to the incident (${host} ${incident} ${rule}); a matching silence
-    # acknowledges the incident.
-    resend: Seconds | None = Field(default=None, gt=0)
-    labels: dict[str, str] = Field(default_factory=dict)
-    link: str | None = None
-    ack_on_silence: bool = False
-
-    @field_validator("labels")
-    @classmethod
-    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not ALERT_LABEL.fullmatch(name):
-                raise ValueError(
-                    f"{name!r} is not a label name: letters, digits and '_', not starting "
-                    "with a digit"
-                )
-            if name in ALERT_OWN_LABELS:
-                raise ValueError(
-                    f"label {name!r} is gpuwarden's own ({', '.join(ALERT_OWN_LABELS)}); "
-                    "choose another name"
-                )
-        return value
-
-    @field_validator("link")
-    @classmethod
-    def _link_names(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        unknown = sorted(set(re.findall(r"\$\{(\w+)\}", value)) - set(ALERT_LINK_NAMES))
-        if unknown:
-            raise ValueError(
-                f"unknown placeholder ${{{unknown[0]}}}: a link may use "
-                + ", ".join(f"${{{n}}}" for n in ALERT_LINK_NAMES)
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _fits_its_type(self) -> NotifyTarget:
-        if self.type == "apprise":
-            given = [
-                k
-                for k in ("resend", "labels", "link", "ack_on_silence")
-                if getattr(self, k) not in (None, {}, False)
-            ]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)}: only for a target of type alertmanager; "
-                    "add type: alertmanager or remove them"
-                )
-            return self
-        given = [
-            k
-            for k in ("config", "tags", "quiet_hours", "fallback")
-            if getattr(self, k) not in (None, ())
-        ]
-        if given:
-            raise ValueError(
-                f"{', '.join(given)}: not for a target of type alertmanager (Alertmanager's "
-                "own routes, time intervals and receivers do that); remove them"
-            )
-        if not self.urls:
-            raise ValueError(
-                "an alertmanager target needs urls: Alertmanager's base URL, one per "
-                "instance of a cluster, e.g. http://alertmanager:9093"
-            )
-        for url in self.urls:
-            if isinstance(url, str) and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
-                raise ValueError(
-                    f"{url!r} is not an Alertmanager URL: write its base URL, "
-                    "e.g. http://alertmanager:9093"
-                )
-        return self
-
-    @field_validator("quiet_hours")
-    @classmethod
-    def _window(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_active(value)  # raises ValueError saying what was expected
-        return value
-
-    @model_validator(mode="after")
-    def _has_destination(self) -> NotifyTarget:
-        if not self.urls and self.config is None:
-            raise ValueError("a target needs urls or an apprise config file")
-        return self
-
-
-class Notify(_Strict):
-    targets: dict[str, NotifyTarget] = Field(default_factory=dict)
-    admin: str | None = None  # where reload failures and circuit-breaker trips go
-    # Grouping (see gpuwarden.notify.grouping): incidents of one rule opened within
-    # group_wait share one message; later changes go out at most every group_interval;
-    # reminders every repeat while an incident is open and unacknowledged (0: never).
-    group_wait: Seconds = Field(default=30.0, ge=0)
-    group_interval: Seconds = Field(default=300.0, ge=0)
-    repeat: Seconds = Field(default=3600.0, ge=0)
-    # Drill and dry-run messages: at most this many per minute per target; the rest are
-    # counted and summarised in one message.
-    drill_rate: int = Field(default=10, ge=1, le=100_000)
 
 
 def _refusing(problem: Callable[[_T], str | None]) -> AfterValidator:
@@ -553,6 +448,9 @@ class Config(_Strict):
     # Where jobs acknowledge checkpoint requests: root-owned, one directory per user in it
     # (docs/jobs.md). Jobs must see it at the same path (GPUWARDEN_ACK_DIR when not this).
     ack_spool: Path = Path("/run/gpuwarden/ack")
+    # shadow: every step is decided, recorded and notified (marked [DRY-RUN]) and nothing is
+    # acted on; enforce: steps act. ``dry_run: true`` is the older spelling of shadow.
+    mode: Literal["enforce", "shadow"] | None = None
     dry_run: bool = False
     timezone: str = "UTC"
     priorities: Priorities = Priorities()
@@ -570,6 +468,17 @@ class Config(_Strict):
     def _absolute(cls, value: Path) -> Path:
         if not value.is_absolute():
             raise ValueError(f"{value} is not an absolute path; the default is /run/gpuwarden/ack")
+        return value
+
+    @field_validator("dry_run")
+    @classmethod
+    def _one_mode(cls, value: bool, info: ValidationInfo) -> bool:
+        mode = info.data.get("mode")
+        if mode is not None and (mode == "shadow") != value:
+            raise ValueError(
+                f"{str(value).lower()} contradicts mode: {mode} (dry_run: true is the older "
+                "spelling of mode: shadow); keep mode and remove dry_run"
+            )
         return value
 
     @field_validator("timezone")
@@ -618,6 +527,11 @@ class Config(_Strict):
                 f"notify.admin {self.notify.admin!r} is an alertmanager target: the admin "
                 "target receives messages (reload failures, breaker trips), not alerts"
             )
+        if admin is not None and admin.for_owners:
+            raise ValueError(
+                f"notify.admin names the owner target {self.notify.admin!r}; the admin target "
+                "needs urls"
+            )
         unknown = [p for p in self.protected.priorities if p not in self.priorities.names]
         if unknown:
             raise ValueError(
@@ -625,6 +539,15 @@ class Config(_Strict):
                 f"{list(self.priorities.names)}"
             )
         return self
+
+    @property
+    def shadow(self) -> bool:
+        """Whether nothing is acted on: ``mode: shadow`` (or the older ``dry_run: true``)."""
+        return self.mode == "shadow" if self.mode is not None else self.dry_run
+
+    @property
+    def mode_name(self) -> str:
+        return "shadow" if self.shadow else "enforce"
 
     @property
     def tz(self) -> zoneinfo.ZoneInfo:

@@ -3,15 +3,17 @@
 The recording is a scenario, or an nvidia-smi log (no processes: steps that pick processes find
 none), with kernel-log events beside it if asked (``--events dmesg:FILE``).
 
-Nothing outside the process is touched: no job is spawned, signalled or killed, nobody is
-notified, no cloud API is called. Each intent is completed at once with a simulated outcome, and
-a kill makes its targets leave the scenario's later snapshots, so the drill shows what the
-ladder would lead to. A provision step shows what its cloud profile would launch and what that
-costs per hour, worked out from the config alone (``gpuwarden.cloud.plan``). A step that would
-act on a target's Slurm job through Slurm says so (``via slurm job N``), from the job the
-scenario gives the process and the config's ``slurm``.
+Nothing outside the process is touched: no job is spawned, signalled or killed, no cloud API is
+called, and nobody is notified — the messages the run would send are composed by the daemon's
+own notifier and yielded with their text, marked ``[DRILL]``. Each intent is completed at once
+with a simulated outcome, and a kill makes its targets leave the scenario's later snapshots, so
+the drill shows what the ladder would lead to. A provision step shows what its cloud profile
+would launch and what that costs per hour, worked out from the config alone
+(``gpuwarden.cloud.plan``). A step that would act on a target's Slurm job through Slurm says so
+(``via slurm job N``), from the job the scenario gives the process and the config's ``slurm``.
+How the timeline reads for people is ``drill_text.py``.
 
-``notify`` (``drill --notify``) really delivers the messages, marked ``[DRILL]``; ``cloud``
+``notify`` (``drill --notify``) really delivers the messages (never an owner's); ``cloud``
 (``drill --cloud``) asks EC2 about each provision step with ``DryRun=True``, which checks the
 credentials, the IAM permissions and the parameters and launches nothing.
 """
@@ -19,8 +21,10 @@ credentials, the IAM permissions and the parameters and launches nothing.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,9 +55,11 @@ class Summary:
     open_at_end: list[str] = field(default_factory=list)
     notified: int = 0  # messages delivered (drill --notify)
     notify_queued: int = 0
+    messages: int = 0  # messages the run would send (shown in the timeline)
     scenario: str = ""  # the scenario's name, description and start (for reports)
     description: str = ""
-    start: float = 0.0
+    start: float = 0.0  # the scenario's start, and the time zone its wall-clock times use
+    zone: dt.tzinfo = dt.UTC
 
 
 def _target(target: Target, source: DrillSource) -> dict[str, Any]:
@@ -139,7 +145,18 @@ def _change_record(change: RuleChange, t: float) -> dict[str, Any]:
         record["incident"] = change.incident
     if change.detail:
         record["detail"] = change.detail
+    if change.values:
+        record["values"] = {name: _plain(value) for name, value in change.values}
     return record
+
+
+def _plain(value: object) -> object:
+    """A value as JSON holds it (a list field is a tuple in the engine)."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def run(
@@ -161,10 +178,13 @@ def run(
     from its ``@TIME`` or ``@#N`` on); ``options`` how to read it and the kernel-log events
     beside it.
 
-    With ``notify`` (a journal file for the drill's own outbox) the messages the run would send
-    are really delivered to the config's targets, marked ``[DRILL]``; otherwise nobody is told.
-    With ``cloud`` (a journal file for the drill's own instance records) each provision step
-    is put to EC2 as a ``DryRun`` launch, and its record's ``cloud.ec2`` says how EC2 answered.
+    Every record carries ``t`` (seconds from the scenario's start) and ``at`` (that instant
+    on the wall clock, in the time zone of the scenario's ``start``; UTC for a log). The
+    messages the run would send come as ``message`` records with the text they would carry,
+    marked ``[DRILL]``; with ``notify`` (a journal file for the drill's own outbox) they are
+    really delivered to the config's targets, otherwise nobody is told. With ``cloud`` (a
+    journal file for the drill's own instance records) each provision step is put to EC2 as
+    a ``DryRun`` launch, and its record's ``cloud.ec2`` says how EC2 answered.
     ``deliver=False`` composes the messages into the outbox of ``notify`` and sends none (a
     report shows what would have gone out). ``observe`` sees every snapshot played, with its
     instant (a report draws them).
@@ -183,27 +203,23 @@ def run(
         described = getattr(source, "scenario", None)  # a scenario's own name; a log has none
         summary.scenario = described.name if described is not None else source.name
         summary.description = described.description if described is not None else ""
-        summary.start = source.start_time
+        begins = described.start if described is not None else None
+        zone: dt.tzinfo = begins.tzinfo if begins and begins.tzinfo else dt.UTC
+        summary.start, summary.zone = source.start_time, zone
         asker = None
         if cloud is not None and config.cloud.profiles:
             asker = _CloudAsker(config, cloud, config.host or source.host)
             closing.callback(asker.close)
         clock = SimClock(start=source.start_time + offset)
-        told = None
-        if notify is not None:
-            from gpuwarden.notify.service import Notifications
-
-            told = Notifications(
-                config,
-                notify,
-                host=source.host,
-                marker="[DRILL]",
-                background=False,
-                clock=clock,
-                descriptions={r.name: r.spec.description for r in playbooks.rules},
-                rules=[r.spec for r in playbooks.rules],
-            )
+        messages = _Messages(config, playbooks, source.host, clock, notify)
+        closing.callback(messages.close)
         steps = int(max(0.0, source.duration - offset) / interval + 1e-9)
+        now = source.start_time + offset
+
+        def stamp(record: dict[str, Any]) -> dict[str, Any]:
+            record["at"] = _wall(now, zone)
+            return record
+
         for n in range(steps + 1):
             now = source.start_time + offset + n * interval
             clock.advance(now - clock.now())
@@ -213,39 +229,34 @@ def run(
                 observe(snapshot, now)
             result = engine.step(snapshot, now)
             summary.ticks += 1
-            if told is not None:
-                told.observe(
-                    result.records,
-                    snapshot.gpus,
-                    {i.id: i.gpu for i in engine.incidents},
-                    now,
-                    processes=snapshot.processes,
-                )
+            messages.observe(result.records, snapshot, engine.incidents, now)
             for item in result.records:
                 if isinstance(item, RuleChange):
                     if item.kind == "firing":
                         summary.fired += 1
                     elif item.kind == "resolved":
                         summary.resolved += 1
-                    yield _change_record(item, t)
+                    yield stamp(_change_record(item, t))
                     continue
                 intent = item
                 record = _step_record(intent, t, source, config)
                 if asker is not None and record.get("cloud") is not None:
                     record["cloud"]["ec2"] = asker.ask(intent, now)
-                yield record
+                yield stamp(record)
                 for skipped in intent.skipped:
-                    yield {
-                        "t": round(t, 3),
-                        "kind": "skip",
-                        "rule": intent.rule,
-                        "scope": intent.scope,
-                        "where": intent.where,
-                        "incident": intent.incident,
-                        "step": intent.label,
-                        "targets": [_target(skipped.target, source)],
-                        "reason": str(skipped.reason),
-                    }
+                    yield stamp(
+                        {
+                            "t": round(t, 3),
+                            "kind": "skip",
+                            "rule": intent.rule,
+                            "scope": intent.scope,
+                            "where": intent.where,
+                            "incident": intent.incident,
+                            "step": intent.label,
+                            "targets": [_target(skipped.target, source)],
+                            "reason": str(skipped.reason),
+                        }
+                    )
                 summary.steps[intent.kind] = summary.steps.get(intent.kind, 0) + 1
                 summary.targets.update(x.pid for x in intent.targets)
                 if intent.kind in ENDING_KINDS and not intent.shadow:
@@ -253,18 +264,122 @@ def run(
                         source.vanish(target.pid)
                 outcome = Outcome(ok=True, dry_run=True, detail="drill: simulated")
                 engine.complete(intent.id, outcome)
-                if told is not None:
-                    told.observe_outcome(intent, outcome, now)
-            if told is not None:
-                told.flush(now)
+                messages.outcome(intent, outcome, now)
+            for message in messages.due(now):
+                summary.messages += 1
+                yield stamp(_message_record(message, t))
         summary.simulated_s = steps * interval
         summary.open_at_end = [i.id for i in engine.incidents]
-        if told is not None:
-            told.flush(clock.now(), final=True)
-            summary.notified = told.deliver_now() if deliver else 0
-            summary.notify_queued = told.queued if deliver else 0
-            told.close(clock.now())
+        # What grouping still holds when the scenario ends goes out within a group interval:
+        # shown at the time it would go.
+        end = now
+        while (now := now + interval) <= end + messages.longest_interval + 1e-9:
+            clock.advance(now - clock.now())
+            for message in messages.due(now):
+                summary.messages += 1
+                yield stamp(_message_record(message, now - source.start_time))
+        notified, queued = messages.deliver(clock.now(), send=deliver)
+        summary.notified, summary.notify_queued = (notified, queued) if deliver else (0, 0)
     summary.wall_s = time.perf_counter() - began
+
+
+class _Messages:
+    """The notifications of a drill: composed by the daemon's own notifier (marked
+    ``[DRILL]``), and with ``notify`` also written to the drill's outbox and delivered."""
+
+    def __init__(
+        self,
+        config: Config,
+        playbooks: PlaybookSet,
+        host: str,
+        clock: SimClock,
+        notify: Path | None,
+    ) -> None:
+        from gpuwarden.notify.facts import MessageFacts, timings
+        from gpuwarden.notify.notifier import Notifier
+
+        rules = [r.spec for r in playbooks.rules]
+        descriptions = {r.name: r.spec.description for r in playbooks.rules}
+        self.told = None
+        if notify is not None:
+            from gpuwarden.notify.service import Notifications
+
+            self.told = Notifications(
+                config,
+                notify,
+                host=host,
+                marker="[DRILL]",
+                background=False,
+                clock=clock,
+                descriptions=descriptions,
+                rules=rules,
+            )
+            self.notifier = self.told.notifier
+        else:
+            self.notifier = Notifier(
+                config,
+                host=host,
+                marker="[DRILL]",
+                descriptions=descriptions,
+                timing=timings(config, rules),
+            )
+        self.facts = MessageFacts()
+        self.longest_interval = max(
+            [config.notify.group_interval, *(r.group_interval or 0.0 for r in rules)]
+        )
+        self._clock = clock
+
+    def observe(
+        self, records: Sequence[Any], snapshot: Snapshot, incidents: Sequence[Any], now: float
+    ) -> None:
+        if self.told is not None:  # the notifier's, and alerts for Alertmanager targets
+            self.told.observe(records, snapshot, incidents, now)
+            return
+        self.notifier.observe(records, now)
+        wanted = self.notifier.grouper.knows  # only incidents a message may still show
+        self.notifier.observe((), now, incidents=self.facts.of(snapshot, incidents, wanted))
+
+    def outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
+        self.notifier.observe_outcome(intent, outcome, now)
+
+    def due(self, now: float) -> list[Any]:
+        due = self.notifier.due(now)
+        if self.told is not None:  # a drill never writes to job owners: shown, not sent
+            sent = [m for m in due if m.kind != "owner"] + self.told.alerts.due(now)
+            self.told.queued += sum(1 for m in sent if self.told.outbox.put(m, now))
+        return due
+
+    def deliver(self, now: float, *, send: bool = True) -> tuple[int, int]:
+        """With ``notify``: what grouping still holds goes to the outbox as at a stop (no
+        reminder; a message held by quiet hours at the hour they end), then, with ``send``,
+        the outbox is delivered; (delivered, queued)."""
+        if self.told is None:
+            return 0, 0
+        held = [(at, m) for at, m in self.notifier.drain(now) if m.kind != "owner"]
+        held += [(now, m) for m in self.told.alerts.due(now)]
+        self.told.queued += sum(1 for at, m in held if self.told.outbox.put(m, at))
+        return (self.told.deliver_now() if send else 0), self.told.queued
+
+    def close(self) -> None:
+        if self.told is not None:
+            self.told.close(self._clock.now())
+
+
+def _message_record(message: Any, t: float) -> dict[str, Any]:
+    return {
+        "t": round(t, 3),
+        "kind": "message",
+        "target": message.target,
+        "message": message.kind,
+        "severity": message.severity,
+        "incidents": list(message.incidents),
+        "title": message.title,
+        "body": message.body,
+    }
+
+
+def _wall(now: float, zone: dt.tzinfo) -> str:
+    return dt.datetime.fromtimestamp(now, zone).isoformat(timespec="seconds")
 
 
 class _Pause:
@@ -300,86 +415,3 @@ class _CloudAsker:
 
     def close(self) -> None:
         self.store.close()
-
-
-def _money(usd: float | None) -> str:
-    return "unpriced" if usd is None else f"${usd:,.2f}/h"
-
-
-def _cloud_line(cloud: dict[str, Any] | None, profile: object) -> str:
-    if cloud is None:
-        return f"→ cloud profile {profile}"
-    head = f"→ cloud profile {cloud['profile']}: would launch "
-    if cloud["count"] <= 0:
-        return head + f"nothing ({cloud.get('capped', 'capped')})"
-    capped = f" (capped: {cloud['capped']})" if cloud.get("capped") else ""
-    return (
-        f"{head}{cloud['count']} x {cloud['instance_type']} ({cloud['market']}) in "
-        f"{cloud['region']}, {_money(cloud['hourly_usd'])}{capped}"
-    )
-
-
-def _clock(t: float) -> str:
-    whole = int(t)
-    return f"+{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-
-
-def _who(target: dict[str, Any]) -> str:
-    job = f" ({target['job']})" if target.get("job") else ""
-    mib = target.get("gpu_memory_mib")
-    memory = f", {mib} MiB" if mib is not None else ""
-    via = f" via slurm job {target.get('slurm_job')}" if target.get("via") == "slurm" else ""
-    who = f"{target.get('user') or '?'}/{target['priority']}"
-    return f"pid {target['pid']}{job} {who}{memory}{via}"
-
-
-def render_record(record: dict[str, Any]) -> str:
-    """One timeline line for people (``--json`` prints the record itself)."""
-    kind = record["kind"]
-    head = f"{_clock(record['t'])}  {record['rule']}  {record.get('where') or record['scope']}"
-    reason = record["reason"].replace("_", " ")
-    if kind == "step":
-        targets = record.get("targets") or []
-        if "notify" in record:
-            what = "→ " + ", ".join(record["notify"])
-        elif "power_cap" in record:
-            cap = record["power_cap"]
-            limit = f"{cap['watts']:g} W" if cap["watts"] else f"{cap['percent']:g}% of default"
-            what = f"→ GPU {cap['gpu']} limited to {limit}"
-        elif "argv" in record:
-            what = "→ " + " ".join(record["argv"])
-        elif "profile" in record:
-            what = _cloud_line(record.get("cloud"), record["profile"])
-        elif targets:
-            what = "→ " + "; ".join(_who(t) for t in targets)
-        else:
-            what = f"→ nobody ({reason})"
-        shadow = " [shadow: not acted on]" if record.get("shadow") else ""
-        line = f"{head}  STEP {record['step']} {what}{shadow}"
-        ec2 = (record.get("cloud") or {}).get("ec2")
-        if ec2 is not None:
-            verdict = "ok" if ec2["ok"] else "NOT OK"
-            line += f"\n{' ' * len(_clock(record['t']))}    EC2 DryRun {verdict}: {ec2['detail']}"
-        return line
-    if kind == "skip":
-        return f"{' ' * len(_clock(record['t']))}    skip {_who(record['targets'][0])}: {reason}"
-    detail = f" ({record['detail']})" if record.get("detail") else ""
-    return f"{head}  {kind.upper()}: {reason}{detail}"
-
-
-def render_summary(summary: Summary, scenario: str, rules: int) -> str:
-    steps = ", ".join(f"{k} {v}" for k, v in sorted(summary.steps.items())) or "none"
-    speed = summary.simulated_s / summary.wall_s if summary.wall_s > 0 else float("inf")
-    lines = [
-        f"summary: {scenario}: {rules} rule(s), {summary.ticks} ticks over "
-        f"{summary.simulated_s:g}s simulated in {summary.wall_s:.2f}s ({speed:,.0f}x)",
-        f"  incidents fired {summary.fired}, resolved {summary.resolved}, open at the end "
-        f"{len(summary.open_at_end)}",
-        f"  steps: {steps}; processes targeted: {len(summary.targets)}",
-    ]
-    if summary.notify_queued:
-        lines.append(
-            f"  notifications: {summary.notified} of {summary.notify_queued} "
-            "[DRILL] message(s) delivered (the rest: `gpuwarden outbox`)"
-        )
-    return "\n".join(lines)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 
 class ExitCode(enum.IntEnum):
-    """Documented in README.md ("Exit codes") and checked by a table test."""
+    """Documented in README.md and docs/operations.md ("Exit codes"); tests/test_exit_codes.py
+    compares those tables and the systemd unit with this enum."""
 
     OK = 0
     FAILURE = 1  # an unexpected failure: a bug, report it
@@ -21,6 +22,19 @@ class ExitCode(enum.IntEnum):
     UNSAFE_SETUP = 4  # `run` refused to start: see its self-check findings (gpuwarden doctor)
     LOCKED = 5  # `run` refused to start: another daemon holds the state directory's lock
     INTERRUPTED = 130  # stopped with Ctrl-C
+
+
+# The codes that mean "the configuration is wrong": no restart can fix them, so the unit's
+# RestartPreventExitStatus= lists exactly these (systemd/gpuwarden.service; a test compares
+# them, and the exit-code tables of README.md and docs/operations.md, with this enum).
+# LOCKED is not one of them: another daemon holds the state directory, which is no fault of the
+# configuration; a restarted daemon is refused again until that one stops.
+CONFIGURATION_WRONG: frozenset[ExitCode] = frozenset({ExitCode.BAD_INPUT, ExitCode.UNSAFE_SETUP})
+
+
+def restarted_by_systemd(code: ExitCode) -> bool:
+    """Whether the unit (``Restart=on-failure``) starts the daemon again after ``code``."""
+    return code != ExitCode.OK and code not in CONFIGURATION_WRONG
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,13 @@ class Problem:
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text
+
+
+def in_file_order(problems: list[Problem]) -> list[Problem]:
+    """Problems sorted as they stand in their file (those without a position first); the
+    order of files, and of problems at one position, is kept."""
+    files = list(dict.fromkeys(p.file for p in problems))
+    return sorted(problems, key=lambda p: (files.index(p.file), p.line or 0, p.col or 0))
 
 
 class GpuwardenError(Exception):

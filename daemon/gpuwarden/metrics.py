@@ -6,9 +6,15 @@ touched, so two instances (or two tests) never see each other's values.
 GPU gauges carry dcgm-exporter's metric names and labels, so dashboards written for it work
 unchanged. They can be switched off (``gpu_gauges=False``) where dcgm-exporter already runs. A
 value the device cannot tell is not exported at all (never as ``0``). A lost GPU exports no
-dcgm gauge; ``gpuwarden_gpu_lost`` (always exported, 1 for a lost GPU, 0 otherwise) says so.
-``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen on the GPU since gpuwarden started; a GPU with
-no XID seen yet has no sample.
+dcgm gauge but ``DCGM_FI_DEV_XID_ERRORS``; ``gpuwarden_gpu_lost`` (always exported, 1 for a
+lost GPU, 0 otherwise) says so. ``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen on the GPU
+since gpuwarden started, kept when the GPU is then lost (XID 79: it fell off the bus); a GPU
+with no XID seen yet has no sample. ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since the
+driver loaded) keeps dcgm-exporter's name and is untyped: prometheus_client would rename a
+counter to ``…_total``.
+
+gpuwarden's own series all carry a ``Hostname`` label (the host the daemon reports as, like
+the GPU gauges), so a dashboard over many nodes can filter them by host.
 
 Thread safety: the run loop calls ``observe_*`` from its thread while the HTTP server thread
 scrapes; values read at scrape time are replaced whole under a lock.
@@ -17,12 +23,17 @@ scrapes; values read at scrape time are replaced whole under a lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from gpuwarden.metrics_http import MetricsServer
@@ -42,6 +53,12 @@ DCGM_GAUGES: Final = (
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
     ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."),
+)
+ENERGY: Final = (
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "Total energy consumption since boot (in mJ).",
 )
 
 
@@ -93,28 +110,54 @@ class _GpuCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         latest = self._metrics.latest()
-        families = {
+        families: dict[str, GaugeMetricFamily | UnknownMetricFamily] = {
             name: GaugeMetricFamily(name, text, labels=DCGM_LABELS) for name, text in DCGM_GAUGES
         }
+        families[ENERGY[0]] = UnknownMetricFamily(*ENERGY, labels=DCGM_LABELS)
         snapshot = latest.snapshot
         if snapshot is not None:
             last_xid = latest.last_xid or {}
             for gpu in snapshot.gpus:
-                if gpu.lost:
-                    continue
                 labels = _labels(gpu, snapshot.host)
+                xid = last_xid.get(gpu.index)
+                if gpu.lost:  # nothing else can be read; what it said last still counts
+                    if xid is not None:
+                        families["DCGM_FI_DEV_XID_ERRORS"].add_metric(labels, float(xid))
+                    continue
                 values = {
                     "DCGM_FI_DEV_GPU_UTIL": gpu.utilization_pct,
                     "DCGM_FI_DEV_FB_USED": gpu.memory.used_mib,
                     "DCGM_FI_DEV_FB_FREE": gpu.memory.free_mib,
                     "DCGM_FI_DEV_GPU_TEMP": gpu.temperature_c,
                     "DCGM_FI_DEV_POWER_USAGE": gpu.power_w,
-                    "DCGM_FI_DEV_XID_ERRORS": last_xid.get(gpu.index),
+                    "DCGM_FI_DEV_XID_ERRORS": xid,
+                    "DCGM_FI_DEV_SM_CLOCK": gpu.sm_clock_mhz,
+                    "DCGM_FI_DEV_MEM_CLOCK": gpu.memory_clock_mhz,
+                    ENERGY[0]: gpu.energy_mj,
                 }
                 for name, value in values.items():
                     if value is not None:
                         families[name].add_metric(labels, float(value))
         yield from families.values()
+
+
+class _WithHostname(Collector):
+    """gpuwarden's own series, each with a ``Hostname`` label (the GPU gauges have theirs)."""
+
+    def __init__(self, own: CollectorRegistry, metrics: Metrics) -> None:
+        self._own = own
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        host = self._metrics.hostname()
+        for family in self._own.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = {"Hostname": host, **sample.labels}
+                labelled.add_sample(
+                    sample.name, labels, sample.value, sample.timestamp, sample.exemplar
+                )
+            yield labelled
 
 
 class _StateCollector(Collector):
@@ -163,16 +206,18 @@ class _StateCollector(Collector):
 class Metrics:
     """Everything gpuwarden exports to Prometheus, on a registry of its own."""
 
-    def __init__(self, *, gpu_gauges: bool = True) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, *, gpu_gauges: bool = True, host: str | None = None) -> None:
+        self.registry = CollectorRegistry()  # what is served
+        self.host = host  # else the host of the latest snapshot
         self._lock = threading.Lock()
         self._latest = _Latest()
         self._last_xid: dict[int, int] = {}
         self._server: MetricsServer | None = None
         if gpu_gauges:
             self.registry.register(_GpuCollector(self))
-        self.registry.register(_StateCollector(self))
-        reg = self.registry
+        reg = CollectorRegistry()  # gpuwarden's own series, served with a Hostname label
+        self.registry.register(_WithHostname(reg, self))
+        reg.register(_StateCollector(self))
         self.steps = Counter(
             "gpuwarden_steps",
             "Ladder steps by action kind and result.",
@@ -202,7 +247,20 @@ class Metrics:
         )
         self.last_reload_ok = Gauge(
             "gpuwarden_last_reload_successful",
-            "1 when the last reload was applied, 0 when it was refused.",
+            "1 when the last reload was applied, 0 when it was refused (1 before any: the "
+            "config and playbooks the daemon started with loaded).",
+            registry=reg,
+        )
+        self.last_reload_ok.set(1)
+        self.incidents = Counter(
+            "gpuwarden_incidents",
+            "Incidents opened (rules that fired), by rule and severity.",
+            ("rule", "severity"),
+            registry=reg,
+        )
+        self.shadow = Gauge(
+            "gpuwarden_shadow_mode",
+            "1 while the daemon acts on nothing (mode: shadow, dry_run or --dry-run), else 0.",
             registry=reg,
         )
         self.breaker = Gauge(
@@ -222,6 +280,13 @@ class Metrics:
     def latest(self) -> _Latest:
         with self._lock:
             return self._latest
+
+    def hostname(self) -> str:
+        """The ``Hostname`` label of gpuwarden's own series."""
+        if self.host:
+            return self.host
+        snapshot = self.latest().snapshot
+        return snapshot.host if snapshot is not None else ""
 
     # -- what the run loop calls --------------------------------------------------------------
 
@@ -271,6 +336,19 @@ class Metrics:
         self.reloads.labels("ok" if ok else "failed").inc()
         self.last_reload.set(when)
         self.last_reload_ok.set(1 if ok else 0)
+
+    def observe_rules(self, rules: Iterable[tuple[str, str]]) -> None:
+        """The loaded rules, (name, severity): each has an incident counter from 0, so that
+        its first incident is an increase a dashboard annotation sees."""
+        for rule, severity in rules:
+            self.incidents.labels(rule, severity)
+
+    def observe_incident(self, rule: str, severity: str) -> None:
+        """A rule fired: an incident opened."""
+        self.incidents.labels(rule, severity).inc()
+
+    def observe_mode(self, shadow: bool) -> None:
+        self.shadow.set(1 if shadow else 0)
 
     def observe_breaker(self, tripped: bool) -> None:
         self.breaker.set(1 if tripped else 0)

@@ -108,6 +108,9 @@ class GpuState:
     retired_pages: RetiredPages | None = None
     pstate: int | None = None
     mig_mode: bool | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    energy_mj: int | None = None  # energy used since the driver loaded, millijoules
 
     @property
     def device(self) -> str:
@@ -166,6 +169,18 @@ class ProcessInfo:
     def checkpointable(self) -> bool:
         """The job declared a checkpoint signal (it asked to be told before it is stopped)."""
         return self.checkpoint_signal is not None
+
+    @property
+    def job(self) -> str | None:
+        """The job this process belongs to, as people name it: its Slurm job id, else its
+        Kubernetes pod, else its container (12 characters), else its systemd unit."""
+        if self.slurm_job:
+            return self.slurm_job
+        if self.pod:
+            return self.pod
+        if self.container:
+            return self.container[:12]
+        return self.systemd_unit or None
 
     @property
     def command(self) -> str:
@@ -296,6 +311,7 @@ class Target:
     # it explains a checkpoint that timed out.
     ack_dir: str | None = None
     slurm_job: str | None = None  # the Slurm job it was seen in when planned (executors re-read)
+    job: str | None = None  # its Slurm job, pod, container or unit (``ProcessInfo.job``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,3 +414,6 @@ class RuleChange:
     incident: str | None = None
     detail: str = ""
     where: str = ""  # the scope as people read it: "GPU 0", "pid 4242 on GPU 1"
+    # What the condition read when it changed: (field, value) in the order the text names
+    # them, such as (("gpu.memory.used_pct", 95.3),). ``detail`` says the same for people.
+    values: tuple[tuple[str, object], ...] = ()

@@ -88,7 +88,7 @@ class Runtime:
             self.pool,
             self.stats,
             rails=Rails(config.safety, journal),
-            dry_run=dry_run or config.dry_run,
+            dry_run=dry_run or config.shadow,
             clock=self.clock,
             source=source,
             source_lock=self._source_lock,
@@ -101,6 +101,15 @@ class Runtime:
             self_pid=self_pid,
             slurm=Slurm.from_config(config.slurm),
         )
+        self._observe_setup()
+
+    def _observe_setup(self) -> None:
+        """What the metrics say about the loaded set: its rules, and whether anything acts."""
+        if self.metrics is not None:
+            self.metrics.observe_rules(
+                (r.name, r.spec.severity) for r in self.engine.playbooks.rules
+            )
+            self.metrics.observe_mode(self.dry_run)
 
     @property
     def dry_run(self) -> bool:
@@ -190,13 +199,7 @@ class Runtime:
         # previous run planned) comes back refused and is never run twice.
         written = self.journal.record_all(result.records, now, self.engine.incidents)
         if self.notifications is not None:
-            self.notifications.observe(
-                written,
-                snapshot.gpus,
-                {i.id: i.gpu for i in self.engine.incidents},
-                now,
-                processes=snapshot.processes,
-            )
+            self.notifications.observe(written, snapshot, self.engine.incidents, now)
         for record in written:
             if isinstance(record, Intent):
                 self.steps.dispatch(record, now)
@@ -208,6 +211,9 @@ class Runtime:
                 log.warning(
                     "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
                 )
+                rule = self.engine.playbooks.rule(record.rule)
+                if self.metrics is not None and rule is not None:
+                    self.metrics.observe_incident(record.rule, rule.spec.severity)
         self.samples.observe(snapshot, now, self.engine.incidents)
         if self.samples.due(now):
             self.journal.record_samples(self.samples.take(now))
@@ -353,15 +359,18 @@ class Runtime:
             self.samples.preroll = preroll_for(result.playbooks)
             self.config = result.config
             self.steps.rails.update(result.config.safety)  # keeps the room reserved
-            self.steps.dry_run = self._forced_dry_run or result.config.dry_run
+            self.steps.dry_run = self._forced_dry_run or result.config.shadow
             self.steps.configure(result.config)
             self.steps.slurm = Slurm.from_config(result.config.slurm)
+            if self.notifications is not None:  # armed or disarmed: messages say which
+                self.notifications.set_shadow(self.steps.dry_run)
             if self.cloud is not None:
                 self.cloud.update(result.config.cloud)
             if closed:
                 for change in self.journal.record_all(closed, now):
                     if isinstance(change, RuleChange) and change.kind == Transition.RESOLVED:
                         _log_resolved(change)
+            self._observe_setup()
         elif self.notifications is not None and result.error is not None:
             self.notifications.admin(
                 f"gpuwarden on {self.host}: reload refused", result.error.render(), now

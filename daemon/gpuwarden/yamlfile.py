@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import pydantic
 import yaml
 
-from gpuwarden.errors import InputError, Problem
+from gpuwarden.errors import InputError, Problem, in_file_order
+from gpuwarden.yamlfile_keys import unknown_key
 
 KeyPath = tuple[str | int, ...]
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -510,7 +511,8 @@ def validate(model: type[M], located: Located, path: KeyPath = ()) -> M:
         if group == "missing":
             problems.append(located.problem(full[:-1], f"{field}: {message}"))
         elif group == "extra_forbidden":
-            problems.append(located.problem(full, f"{field}: {message}", key=True))
+            words = unknown_key(model, full[len(path) : -1], str(full[-1]), field)
+            problems.append(located.problem(full, *words, key=True))
         else:
             problems.append(located.problem(full, f"{field}: {message}"))
-    raise InputError(problems) from None
+    raise InputError(in_file_order(problems)) from None

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from gpuwarden.cli.common import (
     playbook_paths,
     replay_options,
 )
-from gpuwarden.errors import ExitCode, InputError, UsageError
+from gpuwarden.errors import ExitCode, InputError, Problem, UsageError
 from gpuwarden.sources.select import SourceSpec, parse_spec, with_sample
 
 
@@ -30,7 +31,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="validate the config and playbooks and print an inventory",
         description="Validate the config and the playbooks against it. Exit 0 when valid, "
-        "1 when not (every problem as file:line:col), 2 on a usage error.",
+        "1 when not (every problem as file:line:col), 2 on a usage error or when, in mode: "
+        "enforce, a rule can act destructively but cannot tell anyone (see --allow-silent).",
     )
     check.add_argument(
         "paths",
@@ -41,7 +43,14 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--strict",
         action="store_true",
-        help="fail (exit 1) on warnings too, such as missing cloud credentials",
+        help="fail (exit 1) on warnings too, such as a kill without select in a host rule "
+        "or missing cloud credentials",
+    )
+    check.add_argument(
+        "--allow-silent",
+        action="store_true",
+        help="in mode: enforce, accept rules that can kill, suspend, cap power, run commands "
+        "or launch instances while their notification targets cannot be resolved (else exit 2)",
     )
 
     drill = sub.add_parser(
@@ -132,8 +141,28 @@ def cmd_check(args: argparse.Namespace) -> int:
         return ExitCode.FAILURE
     source = str(found) if found else "(none: built-in defaults)"
     print(inventory.render(cfg, source, playbooks))
+    silent = silent_rules(cfg, playbooks, str(found) if found else "(built-in config)")
+    if silent and cfg.shadow:
+        print(
+            "shadow mode: nothing is acted on; once armed (mode: enforce), check fails until "
+            "these rules can tell someone:"
+        )
+        for problem in silent:
+            print("- " + problem.render().replace("\n", "\n  "))
+    elif silent and not args.allow_silent:
+        for problem in silent:
+            print(problem.render(), file=sys.stderr)
+        rules = sum(1 for p in silent if p.line is not None)
+        print(
+            f"check failed: {rules} rule(s) can act but cannot tell anyone "
+            "(exit 2; --allow-silent accepts that)",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_INPUT
     warnings = [f"{f.detail} — {f.fix}" for f in hardening.review(cfg, found)]
-    warnings += credential_warnings(cfg)
+    warnings += [p.render() for p in playbooks.warnings] + credential_warnings(cfg)
+    if silent and not cfg.shadow:  # --allow-silent: said, and accepted
+        warnings += [p.render() for p in silent]
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if warnings and args.strict:
@@ -146,8 +175,82 @@ def cmd_check(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def silent_rules(
+    cfg: config.Config,
+    playbooks: Any,
+    config_file: str,
+    urls_of: Callable[[str], list[str]] | None = None,
+) -> list[Problem]:
+    """The rules that can act destructively (kill, suspend, power_cap, exec, provision), are
+    not shadow rules, and would tell nobody: they have no notify step, or a target they notify
+    cannot be resolved now (a missing secret). One problem per rule, then one per target that
+    cannot be resolved saying why (never the secret itself). The config's mode is the
+    caller's business."""
+    from gpuwarden.notify.service import resolver
+    from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS, NotifyParams
+
+    resolve = urls_of or resolver(cfg)
+    why_not: dict[str, str | None] = {}
+
+    def unresolved(target: str) -> str | None:
+        if target not in why_not:
+            try:
+                why_not[target] = None if resolve(target) else "it has no URL"
+            except (ValueError, OSError, KeyError) as exc:
+                why_not[target] = str(exc).strip("'\"")
+        return why_not[target]
+
+    problems: list[Problem] = []
+    for rule in playbooks.rules:
+        acting = [s.kind for s in rule.steps if s.kind in DESTRUCTIVE_KINDS]
+        if rule.spec.mode == "shadow" or not acting:
+            continue
+        kinds = ", ".join(dict.fromkeys(acting))
+        targets = [
+            t
+            for s in rule.steps
+            if isinstance(s.spec.params, NotifyParams)
+            for t in s.spec.params.targets
+        ]
+        if not targets:
+            problems.append(
+                Problem(
+                    rule.file,
+                    rule.line,
+                    None,
+                    f"rule {rule.name!r} can {kinds} and has no notify step: nobody is told",
+                    hint="add `- notify: TARGET` as its first step",
+                )
+            )
+        dark = [t for t in dict.fromkeys(targets) if unresolved(t) is not None]
+        if dark:
+            problems.append(
+                Problem(
+                    rule.file,
+                    rule.line,
+                    None,
+                    f"rule {rule.name!r} can {kinds}, and its notification target"
+                    f"{'s' if len(dark) > 1 else ''} {', '.join(map(repr, dark))} cannot be "
+                    "resolved",
+                )
+            )
+    for why in why_not.values():
+        if why is not None:
+            problems.append(
+                Problem(
+                    config_file,
+                    None,
+                    None,
+                    why,
+                    hint="put the secret in place (gpuwarden doctor names it too); until then "
+                    "keep mode: shadow, or accept silent rules with --allow-silent",
+                )
+            )
+    return problems
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
-    from gpuwarden import drill
+    from gpuwarden import drill, drill_text
     from gpuwarden.playbook import loader
 
     spec = with_sample(_drill_spec(args.scenario), args.at_sample)
@@ -199,9 +302,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(record), flush=False)
             else:
-                print(drill.render_record(record))
+                print(drill_text.render_record(record))
         if not args.json:
-            print(drill.render_summary(summary, str(args.scenario), len(playbooks.rules)))
+            print(drill_text.render_summary(summary, str(args.scenario), len(playbooks.rules)))
         if readings is not None and journal is not None:
             _drill_report(args, playbooks, summary, records, readings, journal)
     finally:

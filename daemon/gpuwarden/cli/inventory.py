@@ -88,7 +88,8 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
     lines = [
         f"config     {config_source}",
         f"           tick {format_duration(config.tick, exact=True)}, timezone {config.timezone}, "
-        f"dry_run {'on' if config.dry_run else 'off'}",
+        f"mode {config.mode_name}"
+        + (" (nothing is acted on)" if config.shadow else " (steps act)"),
         f"priorities {' > '.join(p.names)} (default {p.default}, declared max {p.declared_max})",
         *_classes(config),
     ]
@@ -113,9 +114,13 @@ def render(config: Config, config_source: str, playbooks: PlaybookSet) -> str:
             extra = f", fallback {target.fallback}" if target.fallback else ""
             if target.type == "alertmanager":
                 extra += ", alertmanager" + (", silence = ack" if target.ack_on_silence else "")
-            lines.append(
-                f"notify     {name}: {_url_count(target.urls)}, ≥{target.min_severity}{extra}"
-            )
+            where = _url_count(target.urls)
+            if target.for_owners:
+                reach = [f"{len(target.owners)} listed"] if target.owners else []
+                if target.owner_mail is not None:
+                    reach.append(f"mail to USER@{target.owner_mail.domain}")
+                where = "the owner of each process acted on (" + ", ".join(reach) + ")"
+            lines.append(f"notify     {name}: {where}, ≥{target.min_severity}{extra}")
     else:
         lines.append("notify     (no targets)")
     for name, profile in config.cloud.profiles.items():

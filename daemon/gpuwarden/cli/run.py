@@ -1,8 +1,9 @@
-"""``gpuwarden run``: the daemon. It checks its setup first (the findings ``doctor`` shows),
-takes the state directory's lock (one daemon per ``state_dir``: a second one is refused with
-exit code LOCKED before it touches anything), then wires the source, the journal,
-notifications, metrics, the cloud service, reload and signals around ``runtime.Runtime`` and
-runs it until stopped. The lock is held until the journal is closed."""
+"""``gpuwarden run``: the daemon. It loads the playbooks first (one that does not load is bad
+input, exit 2, which systemd does not restart on), checks its setup (the findings ``doctor``
+shows), takes the state directory's lock (one daemon per ``state_dir``: a second one is
+refused with exit code LOCKED before it touches anything), then wires the source, the
+journal, notifications, metrics, the cloud service, reload and signals around
+``runtime.Runtime`` and runs it until stopped. The lock is held until the journal is closed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden import config
 from gpuwarden.cli.common import (
@@ -26,6 +27,9 @@ from gpuwarden.cli.common import (
 from gpuwarden.config import host_name
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.journal.schema import JOURNAL_NAME
+
+if TYPE_CHECKING:
+    from gpuwarden.playbook.compiled import PlaybookSet
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -75,25 +79,34 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from gpuwarden.journal.lock import StateLock
+    from gpuwarden.playbook import loader
 
     found = config_path(args.config)
     cfg = config.Config() if found is None else config.load(found)
     paths = playbook_paths(args.playbooks, cfg)
     logging.getLogger("gpuwarden").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    # A playbook that does not load is bad input (exit 2, file:line:col), like a bad config:
+    # systemd does not restart on it (RestartPreventExitStatus). Then the self-check, then
+    # the lock.
+    playbooks = loader.load(paths, cfg)
     _self_check(args, cfg, paths, found)
     with StateLock(state_dir(args, cfg)):  # refused at once if another daemon holds it
-        return _run(args, cfg, paths, found)
+        return _run(args, cfg, paths, found, playbooks)
 
 
-def _run(args: argparse.Namespace, cfg: config.Config, paths: list[str], found: Path | None) -> int:
+def _run(
+    args: argparse.Namespace,
+    cfg: config.Config,
+    paths: list[str],
+    found: Path | None,
+    playbooks: PlaybookSet,
+) -> int:
     from gpuwarden.clock import Clock, ScaledClock, SystemClock
     from gpuwarden.journal.journal import Journal
     from gpuwarden.journal.schema import Access
-    from gpuwarden.playbook import loader
     from gpuwarden.runtime import Runtime
     from gpuwarden.sources.select import open_source, parse_spec, with_sample
 
-    playbooks = loader.load(paths, cfg)
     spec = with_sample(parse_spec(args.source or cfg.source), args.at_sample)
     options = replay_options(args, default_events=cfg.events)
     if args.speed is not None and (args.speed <= 0 or not spec.replay):
@@ -125,7 +138,7 @@ def _run(args: argparse.Namespace, cfg: config.Config, paths: list[str], found: 
         journal.path,
         host=host,
         clock=clock,
-        marker="[DRY-RUN]" if args.dry_run or cfg.dry_run else "",
+        marker="[DRY-RUN]" if args.dry_run or cfg.shadow else "",
         descriptions={r.name: r.spec.description for r in playbooks.rules},
         rules=[r.spec for r in playbooks.rules],
         access=Access.WRITE,  # the journal above created and migrated the file
@@ -134,7 +147,7 @@ def _run(args: argparse.Namespace, cfg: config.Config, paths: list[str], found: 
     if cfg.metrics.listen:
         from gpuwarden.metrics import Metrics
 
-        metrics = Metrics(gpu_gauges=cfg.metrics.gpu_gauges)
+        metrics = Metrics(gpu_gauges=cfg.metrics.gpu_gauges, host=host)
         try:
             metrics.serve(cfg.metrics.listen)
         except (OSError, ValueError) as exc:
@@ -189,9 +202,13 @@ def _run(args: argparse.Namespace, cfg: config.Config, paths: list[str], found: 
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup)
-    mode = "DRY-RUN" if runtime.dry_run else "enforcing"
+    if runtime.dry_run:
+        why = "--dry-run" if args.dry_run else str(found)
+        mode = f"shadow mode ({why}): recording and notifying, acting on nothing"
+    else:
+        mode = "enforcing"
     print(
-        f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}, "
+        f"gpuwarden: running {len(playbooks.rules)} rule(s) on {source.name} ({mode}; "
         f"journal {journal.path})",
         file=sys.stderr,
     )

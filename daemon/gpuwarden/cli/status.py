@@ -14,11 +14,13 @@ from typing import Any
 
 from gpuwarden import config
 from gpuwarden.cli.common import add_replay_options, duration, load_config, replay_options
-from gpuwarden.clock import Clock, SimClock, SystemClock
+from gpuwarden.cli.status_watch import Watch
+from gpuwarden.clock import Clock, ScaledClock, SimClock, SystemClock
 from gpuwarden.errors import ExitCode, UsageError
 from gpuwarden.model import Snapshot
 from gpuwarden.sources import Source
 from gpuwarden.sources.select import Options, SourceSpec, open_source, parse_spec, with_sample
+from gpuwarden.text import fit
 
 log = logging.getLogger("gpuwarden")
 
@@ -42,7 +44,20 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "--watch",
         type=duration,
         metavar="SECONDS",
-        help="refresh every SECONDS until Ctrl-C (replays run in real time)",
+        help="refresh every SECONDS until Ctrl-C (exit 0); replays run in real time, on "
+        "their own clock",
+    )
+    status.add_argument(
+        "--compact",
+        action="store_true",
+        help="one line per GPU (with --watch this is automatic when the table does not fit)",
+    )
+    status.add_argument(
+        "--events-for",
+        type=duration,
+        default=600.0,
+        metavar="D",
+        help="with --watch: keep each event on screen this long (default 10m)",
     )
     status.add_argument(
         "--color",
@@ -78,8 +93,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _position(spec: SourceSpec, source: Source, *, real_time: bool) -> Clock:
-    """The clock a command reads snapshots on. A replay runs on a simulated clock that
-    starts at the requested point of the recording, or in real time for --watch."""
+    """The clock a command reads snapshots on. A replay runs on its own clock, from the
+    requested point of the recording: simulated, or in real time for --watch (so that the
+    screen shows the recording's time, not today's)."""
     if not spec.replay:
         return SystemClock()
     start = getattr(source, "start_time", 0.0)
@@ -87,9 +103,7 @@ def _position(spec: SourceSpec, source: Source, *, real_time: bool) -> Clock:
     if spec.sample is not None:
         at = source.sample_offset(spec.sample)  # type: ignore[attr-defined]
     if real_time:
-        clock = SystemClock()
-        source.start_time = clock.now() - at  # type: ignore[attr-defined]
-        return clock
+        return ScaledClock(1.0, start=start + at)
     return SimClock(start=start + at)
 
 
@@ -101,22 +115,32 @@ def _colour(choice: str) -> bool:
     return sys.stdout.isatty()
 
 
-def _show(snap: Snapshot, args: argparse.Namespace, source: Source, *, clear: bool) -> None:
+def _show(snap: Snapshot, args: argparse.Namespace, source: Source, watch: Watch | None) -> None:
     from gpuwarden.cli.status_view import render_table, snapshot_dict
+    from gpuwarden.cli.status_watch import compact_lines
 
     if args.json:
         print(json.dumps(snapshot_dict(snap), indent=None if args.watch else 2), flush=True)
         return
-    width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
-    text = render_table(snap, width=width, colour=_colour(args.color))
     position = getattr(source, "position", None)
     shown = position(snap.time) if position is not None else None
-    if shown:  # which sample of a log this is: @TIME picks the last one taken by then
-        head, _, rest = text.partition("\n")
-        text = f"{head}\n  showing {shown}\n{rest}"
-    if clear:
-        sys.stdout.write("\x1b[H\x1b[2J")
-    print(text, flush=True)
+    # Which sample of a log this is: @TIME picks the last one taken by then.
+    note = f"  showing {shown}" if shown else None
+    tty = sys.stdout.isatty()
+    size = shutil.get_terminal_size((80, 24)) if tty else os.terminal_size((80, 24))
+    colour = _colour(args.color)
+    if watch is not None and tty:  # one screen, redrawn in place
+        text = watch.frame(snap, width=size.columns, height=size.lines, colour=colour, note=note)
+        sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+        sys.stdout.flush()
+        return
+    if args.compact:
+        lines = compact_lines(snap, width=size.columns, height=10_000, colour=colour)
+    else:
+        lines = render_table(snap, width=size.columns, colour=colour).splitlines()
+    if note:
+        lines[1:1] = [note]
+    print("\n".join(fit(line, size.columns) for line in lines), flush=True)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -126,17 +150,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _opened(spec, cfg, options) as source:
         clock = _position(spec, source, real_time=args.watch is not None)
         if args.watch is None:
-            _show(source.snapshot(clock.now()), args, source, clear=False)
+            _show(source.snapshot(clock.now()), args, source, None)
             return ExitCode.OK
         if args.watch <= 0:
             raise UsageError("--watch needs a positive number of seconds")
-        tty = sys.stdout.isatty() and not args.json
+        if args.events_for < 0:
+            raise UsageError("--events-for cannot be negative")
+        watch = Watch(events_for=args.events_for, compact=args.compact)
         try:
             while True:
                 began = clock.monotonic()
-                _show(source.snapshot(clock.now()), args, source, clear=tty)
+                _show(source.snapshot(clock.now()), args, source, watch)
                 clock.sleep(args.watch - (clock.monotonic() - began))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # how a watch is ended: not a failure (README, exit codes)
+            if sys.stdout.isatty():
+                print(flush=True)
             return ExitCode.OK
 
 

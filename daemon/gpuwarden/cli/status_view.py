@@ -52,6 +52,9 @@ def gpu_dict(gpu: GpuState) -> dict[str, Any]:
         "retired_pages": _fields(gpu.retired_pages),
         "pstate": gpu.pstate,
         "mig_mode": gpu.mig_mode,
+        "sm_clock_mhz": gpu.sm_clock_mhz,
+        "memory_clock_mhz": gpu.memory_clock_mhz,
+        "energy_mj": gpu.energy_mj,
     }
 
 

@@ -16,13 +16,15 @@ incident, scopes; never engine.py.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable, Collection
 
 from gpuwarden.engine.incident import Incident, ScopeState, stamp
 from gpuwarden.engine.ladder import Env, Ladder, Records, ladder_done
 from gpuwarden.engine.scopes import Scope
 from gpuwarden.model import Reason, RuleChange, Snapshot, Transition
-from gpuwarden.playbook.loader import CompiledRule
+from gpuwarden.playbook.loader import CompiledRule, Show
+from gpuwarden.text import safe_text
 
 EnvFor = Callable[[Env, Scope], Env]  # (the tick's base env, a scope) -> the scope's env
 
@@ -174,7 +176,8 @@ class Lifecycle:
             env = self._env_for(base, scope)
             if rule.until is not None:
                 if rule.until.test(env):
-                    self._resolve(rule, state, now, Reason.UNTIL_MET, changes)
+                    values = read_values(rule.until_shows, env)
+                    self._resolve(rule, state, now, Reason.UNTIL_MET, changes, values)
                     continue
                 holds = rule.when.test(env) if not rule.one_shot else True
             elif rule.one_shot:
@@ -182,7 +185,8 @@ class Lifecycle:
             else:
                 holds = rule.when.test(env)
                 if not holds:
-                    self._resolve(rule, state, now, Reason.RESOLVED, changes)
+                    values = read_values(rule.shows, env)
+                    self._resolve(rule, state, now, Reason.RESOLVED, changes, values)
                     continue
             self.ladder.run(rule, incident, scope, env, holds, now, changes, intents)
             if rule.one_shot and rule.until is None and ladder_done(rule, incident):
@@ -253,6 +257,7 @@ class Lifecycle:
         if state.phase == "inactive":
             state.phase = "pending"
             state.since = now
+            values = read_values(rule.shows, env)
             changes.append(
                 RuleChange(
                     Transition.PENDING,
@@ -261,6 +266,8 @@ class Lifecycle:
                     now,
                     Reason.CONDITION_MET,
                     where=scope.label,
+                    detail=values_text(values),
+                    values=values,
                 )
             )
         if now - state.since >= rule.spec.for_:
@@ -295,6 +302,7 @@ class Lifecycle:
             event=scope.event,
         )
         state.incident = incident
+        values = read_values(rule.shows, env)
         changes.append(
             RuleChange(
                 Transition.FIRING,
@@ -304,6 +312,8 @@ class Lifecycle:
                 reason,
                 incident.id,
                 where=scope.label,
+                detail=values_text(values),
+                values=values,
             )
         )
         self.ladder.run(rule, incident, scope, env, True, now, changes, intents)
@@ -326,6 +336,7 @@ class Lifecycle:
         now: float,
         reason: Reason,
         changes: Records,
+        values: tuple[tuple[str, object], ...] = (),
     ) -> None:
         incident = state.incident
         assert incident is not None
@@ -343,5 +354,33 @@ class Lifecycle:
                 reason,
                 incident.id,
                 where=incident.label,
+                detail=values_text(values),
+                values=values,
             )
         )
+
+
+def read_values(shows: tuple[Show, ...], env: Env) -> tuple[tuple[str, object], ...]:
+    """What each field a condition reads holds in ``env`` (None: unknown)."""
+    return tuple((show.field, show.read(env)) for show in shows)
+
+
+def values_text(values: tuple[tuple[str, object], ...]) -> str:
+    """``gpu.memory.used_pct = 95.3, gpu.temperature_c = 76`` for people; strings from
+    processes are cut short and their control characters replaced."""
+    return ", ".join(f"{name} = {_shown(value)}" for name, value in values)
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.2f}".rstrip("0").rstrip(".") if math.isfinite(value) else "unknown"
+    if isinstance(value, str):
+        text = safe_text(value)
+        return repr(text if len(text) <= 40 else text[:39] + "…")
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_shown(v) for v in value[:8]) + (", …]" if len(value) > 8 else "]")
+    return safe_text(str(value))

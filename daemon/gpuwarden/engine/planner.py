@@ -48,6 +48,7 @@ def target_of(proc: GpuProcess, memory: int | None = None) -> Target:
         uid=info.uid,
         ack_dir=(info.env or {}).get("GPUWARDEN_ACK_DIR"),
         slurm_job=info.slurm_job,
+        job=info.job,
     )
 
 

@@ -118,6 +118,7 @@ def target_dict(target: Target) -> dict[str, Any]:
         "checkpoint_signal": target.checkpoint_signal,
         "ack_dir": None if target.ack_dir is None else cap(target.ack_dir, 4096),
         "slurm_job": None if target.slurm_job is None else cap(target.slurm_job, 64),
+        "job": None if target.job is None else cap(target.job, 256),
     }
 
 
@@ -134,6 +135,7 @@ def target_from(data: dict[str, Any]) -> Target:
         uid=data.get("uid"),
         ack_dir=data.get("ack_dir"),
         slurm_job=data.get("slurm_job"),
+        job=data.get("job"),
     )
 
 

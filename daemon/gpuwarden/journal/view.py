@@ -31,7 +31,7 @@ durations seconds; a value never known is ``null``.
                 "recorded_at", "done": bool, "done_at", "result"}]}
 
 A target is ``{"pid", "create_time", "gpu", "user", "uid", "priority", "gpu_memory_mib",
-"command", "checkpoint_signal", "ack_dir", "slurm_job"}``. Event kinds and their fields:
+"command", "checkpoint_signal", "ack_dir", "slurm_job", "job"}``. Event kinds and their fields:
 ``pending``/``firing``/``waiting``/``resolved``/``cancelled``/``cooldown`` (``where``,
 ``detail``); ``step`` (``label``, ``step_kind``, ``targets``, ``params``, ``shadow``, ``gpu``);
 ``skip`` (``label``, ``step_kind``, ``target``; ``reason`` says why); ``refused`` (an intent

@@ -227,6 +227,23 @@ class Grouper:
         group.sequence = max(group.sequence, sequence)
         return True
 
+    def knows(self, incident: str) -> bool:
+        """Whether a message may still show this incident (so its facts are worth reading)."""
+        return incident in self._member_of or incident in self._seen
+
+    @property
+    def idle(self) -> bool:
+        """No group is open: nothing can be due."""
+        return not self._groups
+
+    def facts_of(self, incident: str) -> tuple[tuple[str, str], ...]:
+        """The latest facts of an incident (its GPU's values, who it is about)."""
+        group = self._member_of.get(incident)
+        if group is not None and incident in group.members:
+            return group.members[incident].facts
+        seen = self._seen.get(incident)
+        return seen.facts if seen is not None else ()
+
     def open_incidents(self) -> tuple[str, ...]:
         return tuple(
             m.incident

@@ -34,13 +34,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwarden.model import GpuState, Intent, Outcome, Target
+from gpuwarden.model import GpuProcess, GpuState, Intent, Outcome, Target
 from gpuwarden.notify.grouping import Notice
-from gpuwarden.playbook.templates import render
+from gpuwarden.playbook.templates import SCOPE_FACT_NAMES, render
 from gpuwarden.units import format_duration
 
 BodyFormat = Literal["text", "markdown", "html"]
-Kind = Literal["open", "step", "resolve", "reminder", "test", "admin"]
+Kind = Literal["open", "step", "resolve", "reminder", "test", "admin", "owner"]
 MARKERS = ("", "[DRILL]", "[DRY-RUN]")
 # Our severity -> apprise's NotifyType; a resolve message is always "success".
 APPRISE_TYPES = {"info": "info", "warning": "warning", "critical": "failure"}
@@ -68,7 +68,7 @@ class Message:
     title: str
     body: str
     severity: str  # info | warning | critical
-    kind: str  # open | step | resolve | reminder | test | admin
+    kind: str  # open | step | resolve | reminder | test | admin | owner
     incidents: tuple[str, ...]
     group: str
     created: float
@@ -186,9 +186,31 @@ def gpu_facts(gpu: GpuState) -> dict[str, str]:
     return facts
 
 
+# Who and what an incident is about (the ``${gpu}``, ``${user}``, ``${pid}``, ``${job}``,
+# ``${command}`` of a message): names, not measurements, so never in the values line.
+IDENTITY_FACT_NAMES: tuple[str, ...] = SCOPE_FACT_NAMES["process"]
+
+
+def process_facts(proc: GpuProcess) -> dict[str, str]:
+    """The identity of the process a process rule's incident is about (raw; escaped when
+    substituted)."""
+    info = proc.info
+    facts = {"gpu": str(proc.gpu), "pid": str(proc.pid)}
+    if info.user:
+        facts["user"] = info.user
+    job = info.job
+    if job:
+        facts["job"] = job
+    if info.command:
+        facts["command"] = info.command
+    return facts
+
+
 def values_line(where: str, facts: Mapping[str, str]) -> str:
     """``GPU 0: memory 97.6 % used (…), temperature 76 °C`` (raw; escape before use)."""
-    shown = [f"{k} {v}" for k, v in facts.items() if k != "description"]
+    shown = [
+        f"{k} {v}" for k, v in facts.items() if k != "description" and k not in IDENTITY_FACT_NAMES
+    ]
     return f"{where}: " + ", ".join(shown) if shown else ""
 
 

@@ -8,6 +8,9 @@ write to the outbox, one per target, each exactly once.
   not announced at all. Firing and resolved changes, and destructive steps with their
   outcomes, update the incident's group (``grouping.py``).
 - Shadow-mode records are never announced: a shadow rule is being tried out, not enforced.
+- Owner targets (``owners``/``owner_mail`` in the config) named by a notify step are not
+  group targets: each later checkpoint, suspend, renice and kill tells the owner of each
+  process it acted on what happened, why and how to avoid it (``messages.owner_message``).
 - Routing (``routing.py``): ``min_severity`` decides at the group's opening who is told;
   non-critical messages created in a target's quiet hours wait until they end.
 - With a ``marker`` (``[DRILL]``, ``[DRY-RUN]``) every title starts with it, and each target
@@ -34,9 +37,13 @@ from gpuwarden.notify.messages import (
     guard_mentions,
     message_id,
 )
+from gpuwarden.notify.owner import OWNER_ACTS, owner_message
 from gpuwarden.playbook.schema import DESTRUCTIVE_KINDS, NotifyParams
 
 RATE_WINDOW = 60.0
+# What a step did to a process that its owner is told about (a step that found the process
+# gone, or was refused, did nothing to it). A checkpoint that timed out was still asked.
+ACTED = frozenset({"acknowledged", "timed_out", "suspended", "reniced", "terminated", "killed"})
 Facts = Mapping[str, str]
 
 
@@ -77,6 +84,9 @@ class Notifier:
         self._held: dict[str, int] = collections.Counter()
         self._summaries = 0
         self.held_total = 0  # drill/dry-run messages counted and not sent, all targets
+        # Incident id -> the owner targets its rule named in a notify step: the owners of the
+        # processes its later steps act on are told (``owner_message``).
+        self._owners: dict[str, list[str]] = {}
 
     def _accepts(self, target: str, severity: str) -> bool:
         """A target that takes messages of ``severity``. Alertmanager targets take alerts,
@@ -105,11 +115,17 @@ class Notifier:
                     self.grouper.fired(record.incident, record.rule, record.where, record.time)
                 elif record.kind == Transition.RESOLVED:
                     self.grouper.resolved(record.incident, record.time)
+                    self._owners.pop(record.incident, None)
             elif record.shadow:
                 continue
             elif record.kind == "notify" and isinstance(record.params, NotifyParams):
                 params = record.params
-                self.grouper.notify(record, params.targets, params.message, record.time)
+                owners = [t for t in params.targets if self._for_owners(t)]
+                people = tuple(t for t in params.targets if t not in owners)
+                if owners:
+                    told = self._owners.setdefault(record.incident, [])
+                    told.extend(t for t in owners if t not in told)
+                self.grouper.notify(record, people, params.message, record.time)
             elif record.kind in DESTRUCTIVE_KINDS:
                 self.grouper.step(record, record.time)
         for incident, facts in (incidents or {}).items():
@@ -118,6 +134,50 @@ class Notifier:
     def observe_outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
         if not intent.shadow and intent.kind in DESTRUCTIVE_KINDS:
             self.grouper.outcome(intent, outcome)
+        if not intent.shadow and intent.kind in OWNER_ACTS and intent.incident in self._owners:
+            self._tell_owners(intent, outcome, now)
+
+    def _for_owners(self, target: str) -> bool:
+        spec = self.notify.targets.get(target)
+        return spec is not None and spec.for_owners
+
+    def _tell_owners(self, intent: Intent, outcome: Outcome, now: float) -> None:
+        """One message to the owner of each process the step acted on. Only what happened is
+        told: a dry run or a shadow rule tells no owner (a drill shows what they would read)."""
+        if outcome.dry_run and self.marker != "[DRILL]":
+            return
+        results = {(r.pid, r.create_time): r for r in outcome.targets}
+        for target in intent.targets:
+            result = results.get((target.pid, target.create_time))
+            if result is not None and result.state not in ACTED:
+                continue
+            said = (result.detail or result.state) if result is not None else "drill: simulated"
+            for name in self._owners[intent.incident]:
+                spec = self.notify.targets[name]
+                if not spec.reaches(target.user) or not routing.accepts(
+                    self.notify, name, intent.severity
+                ):
+                    continue
+                assert target.user is not None
+                message = owner_message(
+                    intent,
+                    target,
+                    said,
+                    to=routing.recipient(name, target.user),
+                    host=self.host,
+                    tz=self.tz,
+                    now=now,
+                    marker=self.marker,
+                    description=self.descriptions.get(intent.rule, ""),
+                    facts=dict(self.grouper.facts_of(intent.incident)),
+                    advice=spec.advice_for(intent.kind),
+                    body_format=spec.body_format,
+                )
+                at = routing.release_time(spec, intent.severity, now, self.tz)
+                if at <= now:
+                    self._extra.append(message)
+                else:
+                    self._defer(at, message)
 
     def ack(self, incident: str, now: float) -> bool:
         """A person took over ``incident``: no more reminders about it. False: not known."""
@@ -165,6 +225,8 @@ class Notifier:
 
     def due(self, now: float) -> list[Message]:
         """The messages to write to the outbox now, oldest first, one per target."""
+        if self.grouper.idle and not (self._extra or self._deferred or any(self._held.values())):
+            return []  # the common tick: nothing open, nothing waiting
         return self._ready(now, self._fresh(now, final=False))
 
     def drain(self, now: float) -> list[tuple[float, Message]]:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.config import Notify, NotifyTarget, Secret
+from gpuwarden.config_notify import Notify, NotifyTarget, Secret
 from gpuwarden.timewindow import parse_active
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -123,6 +123,66 @@ def _urls_in(text: str) -> list[str]:
     return out
 
 
+def recipient(target: str, user: str) -> str:
+    """The outbox's name for one owner of an owner target: ``owner:alice``."""
+    return f"{target}:{user}"
+
+
+def split_recipient(notify: Notify, name: str) -> tuple[str, str] | None:
+    """``owner:alice`` → ("owner", "alice") when ``owner`` is an owner target; None for a
+    plain target name (a configured name always means that target)."""
+    if name in notify.targets:
+        return None
+    target, sep, user = name.rpartition(":")
+    spec = notify.targets.get(target)
+    if not sep or spec is None or not spec.for_owners:
+        return None
+    return target, user
+
+
+def owner_urls(
+    target: NotifyTarget,
+    user: str | None,
+    environ: Mapping[str, str],
+    read_file: Callable[[Path], str],
+    *,
+    name: str = "target",
+) -> list[str]:
+    """The URL that reaches ``user`` through an owner target: the ``owners`` table's, else
+    ``owner_mail``'s with ``to=USER@domain``. ``user`` None: every URL the target holds (what
+    ``check`` and ``doctor`` verify). Raises ``SecretError``."""
+    if user is None:
+        found: list[str] = []
+        for who, item in sorted(target.owners.items()):
+            found += _one(item, environ, read_file, f"owner target {name!r} user {who}")
+        if target.owner_mail is not None:
+            found += _one(target.owner_mail.url, environ, read_file, f"owner target {name!r} mail")
+        return found
+    if not target.reaches(user):
+        raise SecretError(f"owner target {name!r} has no address for user {user!r}")
+    if user in target.owners:
+        return _one(target.owners[user], environ, read_file, f"owner target {name!r} user {user}")
+    assert target.owner_mail is not None
+    mail = target.owner_mail
+    base = _one(mail.url, environ, read_file, f"owner target {name!r} mail")[0]
+    joiner = "&" if "?" in base else "?"
+    return [f"{base}{joiner}to={urllib.parse.quote(f'{user}@{mail.domain}', safe='@')}"]
+
+
+def _one(
+    item: str | Secret,
+    environ: Mapping[str, str],
+    read_file: Callable[[Path], str],
+    what: str,
+) -> list[str]:
+    if isinstance(item, str):
+        return [item]
+    found = _secret(item, environ, read_file, what)
+    if not found:
+        raise SecretError(f"{what}: {_where(item)} holds no URL — expected an apprise URL")
+    return found[:1]
+
+
 def resolve_urls(
     target: NotifyTarget,
     environ: Mapping[str, str],
@@ -133,6 +193,8 @@ def resolve_urls(
     """Every apprise URL of a target, with secrets read (``read_file`` for ``{file: …}``,
     ``environ`` for ``{env: …}``). A secret file or variable may hold several URLs, one a
     line. Raises ``SecretError`` naming the target and the missing secret."""
+    if target.for_owners:
+        return owner_urls(target, None, environ, read_file, name=name)
     urls: list[str] = []
     for number, item in enumerate(target.urls, 1):
         if isinstance(item, str):

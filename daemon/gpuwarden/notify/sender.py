@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuwarden.clock import Clock, SystemClock
@@ -81,6 +81,7 @@ class Sender:
         workers: int = 4,
         poll: float = 1.0,
         batch: int = 20,
+        unresolved: Iterable[str] = (),
     ) -> None:
         self.outbox = outbox
         self.resolver = resolver
@@ -93,6 +94,10 @@ class Sender:
         self.poll = poll
         self.batch = batch
         self.sent = self.retried = self.failed = self.dropped = 0
+        # Targets whose URLs cannot be read (a missing secret) that were reported already: at
+        # start (``unresolved``, the daemon's self-check said so) or by a first failed attempt.
+        # Their retries are logged at debug level until the target works again.
+        self._said_unresolved: set[str] = set(unresolved)
         self._workers = workers
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._busy: set[str] = set()
@@ -237,7 +242,9 @@ class Sender:
         except Exception as exc:
             ok, detail = False, f"cannot read the target's URLs: {exc}"
             urls = []
+            unresolved = True
         else:
+            unresolved = False
             own = self.deliverers(row.target)
             if own is not None:
                 ok, detail = own(row, urls, self.timeout)
@@ -250,6 +257,7 @@ class Sender:
             self.sent += 1
             with self._lock:
                 self._held.pop(row.target, None)
+                self._said_unresolved.discard(row.target)
             logger.info(
                 "notify sent message=%s target=%s attempts=%d",
                 row.message_id,
@@ -257,10 +265,10 @@ class Sender:
                 row.attempts + 1,
             )
             return True
-        self._failed(row, now, clean_detail(detail, urls))
+        self._failed(row, now, clean_detail(detail, urls), unresolved=unresolved)
         return False
 
-    def _failed(self, row: OutboxRow, now: float, detail: str) -> None:
+    def _failed(self, row: OutboxRow, now: float, detail: str, *, unresolved: bool) -> None:
         attempts = row.attempts + 1
         spent = self.policy.spent(dataclasses.replace(row, attempts=attempts), now)
         if not spent:
@@ -269,7 +277,18 @@ class Sender:
             self.retried += 1
             with self._lock:
                 self._held[row.target] = next_at
-            logger.warning(
+                said = row.target in self._said_unresolved
+                if unresolved:
+                    self._said_unresolved.add(row.target)
+            if unresolved and not said:
+                logger.warning(
+                    "notify target=%s is not configured: %s; its messages wait in the outbox "
+                    "and are retried quietly until it is",
+                    row.target,
+                    detail,
+                )
+            logger.log(
+                logging.DEBUG if unresolved else logging.WARNING,
                 "notify retry message=%s target=%s attempts=%d next_in=%.1fs error=%s",
                 row.message_id,
                 row.target,

@@ -15,57 +15,55 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.config import Config
 from gpuwarden.journal.schema import Access
-from gpuwarden.model import GpuProcess, GpuState, Intent, Outcome, Reason, RuleChange, Transition
+from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Snapshot, Transition
 from gpuwarden.notify import alertmanager
 from gpuwarden.notify.alerts import AlertBook, labels_of, resend_of
 from gpuwarden.notify.delivery import UrlResult, send_test
-from gpuwarden.notify.grouping import Timing
-from gpuwarden.notify.messages import gpu_facts
+from gpuwarden.notify.facts import MessageFacts, OpenIncident, timings
 from gpuwarden.notify.notifier import Notifier
 from gpuwarden.notify.outbox import Outbox
-from gpuwarden.notify.routing import resolve_urls
+from gpuwarden.notify.routing import owner_urls, resolve_urls, split_recipient
 from gpuwarden.notify.sender import Sender
 from gpuwarden.playbook.schema import NotifyParams, Rule
 
 DRAIN_S = 5.0  # at a stop, how long deliveries that are due may still take
 
 
-def timings(config: Config, rules: Sequence[Rule]) -> Callable[[str], Timing]:
-    """Each rule's grouping: its own group_wait / group_interval / repeat where it gives one,
-    the config's notify section otherwise."""
-    notify = config.notify
-    default = Timing(notify.group_wait, notify.group_interval, notify.repeat)
-    own = {
-        r.name: Timing(
-            default.group_wait if r.group_wait is None else r.group_wait,
-            default.group_interval if r.group_interval is None else r.group_interval,
-            default.repeat if r.repeat is None else r.repeat,
-        )
-        for r in rules
-    }
-    return lambda rule: own.get(rule, default)
-
-
 def resolver(config: Config) -> Any:
     """Target name → its apprise URLs, secrets read now (from files or the environment)."""
 
     def urls(name: str) -> list[str]:
+        owner = split_recipient(config.notify, name)
+        if owner is not None:  # one owner of an owner target: "owner:alice"
+            spec = config.notify.targets[owner[0]]
+            return owner_urls(spec, owner[1], os.environ, _read, name=owner[0])
         target = config.notify.targets[name]  # KeyError: not a target (the sender drops it)
-        found = resolve_urls(
-            target, os.environ, lambda p: Path(p).read_text(encoding="utf-8"), name=name
-        )
+        found = resolve_urls(target, os.environ, _read, name=name)
         if target.config is not None:
             found += config_urls(target.config, target.tags)
         return found
 
     return urls
+
+
+def _resolvable(urls_of: Any, name: str) -> bool:
+    """Whether a target's URLs can be read now (the start-up self-check reports one that
+    cannot, with its reason; the sender then retries it quietly)."""
+    try:
+        return bool(urls_of(name))
+    except (ValueError, OSError):
+        return False
+
+
+def _read(path: Path) -> str:
+    return Path(path).read_text(encoding="utf-8")
 
 
 def config_urls(path: Path, tags: Sequence[str]) -> list[str]:
@@ -136,6 +134,7 @@ class Notifications:
             clock=clock,
             fallback=lambda name: targets[name].fallback if name in targets else None,
             deliverers=lambda name: posting if name in managers else None,
+            unresolved=[name for name in targets if not _resolvable(urls, name)],
         )
         watched = {n: functools.partial(urls, n) for n in managers if targets[n].ack_on_silence}
         poll = min([30.0, *(resend_of(targets[n]) for n in watched)])
@@ -144,6 +143,7 @@ class Notifications:
         self.clock: Clock = clock or SystemClock()
         self.queued = 0
         self._posted: dict[str, dict[str, str]] | None = None  # incident → its alert's labels
+        self.facts = MessageFacts()
         if background:
             self.sender.start()
             self.silences.start()
@@ -151,21 +151,17 @@ class Notifications:
     def observe(
         self,
         records: Sequence[RuleChange | Intent],
-        gpus: Iterable[GpuState],
-        incident_gpus: dict[str, int | None],
+        snapshot: Snapshot,
+        incidents: Iterable[OpenIncident],
         now: float,
-        *,
-        processes: Iterable[GpuProcess] = (),
     ) -> None:
-        gpus = tuple(gpus)
-        self.alerts.observe(records, now, gpus=gpus, processes=processes)
-        by_index = {g.index: g for g in gpus}
-        facts = {
-            incident: gpu_facts(by_index[index])
-            for incident, index in incident_gpus.items()
-            if index is not None and index in by_index
-        }
-        self.notifier.observe(records, now, incidents=facts)
+        """One tick's journaled records; ``incidents``: the engine's open incidents, whose
+        current values (and identity) their next messages show. Alertmanager targets take
+        their alerts' labels from ``snapshot``."""
+        self.alerts.observe(records, now, gpus=snapshot.gpus, processes=snapshot.processes)
+        self.notifier.observe(records, now)
+        wanted = self.notifier.grouper.knows  # only incidents a message may still show
+        self.notifier.observe((), now, incidents=self.facts.of(snapshot, incidents, wanted))
 
     def restore(self, incident: Any, timeline: Sequence[Any], now: float) -> None:
         """Take back an incident a previous run left open: replay its firing and its notify
@@ -252,6 +248,12 @@ class Notifications:
 
     def observe_outcome(self, intent: Intent, outcome: Outcome, now: float) -> None:
         self.notifier.observe_outcome(intent, outcome, now)
+
+    def set_shadow(self, shadow: bool) -> None:
+        """A reload armed the daemon (``mode: enforce``) or put it in shadow: later messages
+        carry the ``[DRY-RUN]`` marker exactly while nothing is acted on."""
+        if self.notifier.marker in ("", "[DRY-RUN]"):
+            self.notifier.marker = "[DRY-RUN]" if shadow else ""
 
     def ack(self, incident: str, now: float) -> bool:
         return self.notifier.ack(incident, now)

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from gpuwarden.playbook.expr_base import KIND_NAMES, PLURALS, Typed, is_none, load, store
 from gpuwarden.playbook.expr_calls import CallsTranslator
+from gpuwarden.playbook.expr_text import ExprError
 
 MAX_DEPTH = 64
 _SYMBOLS: dict[type[ast.AST], str] = {
@@ -205,14 +206,17 @@ class Translator(CallsTranslator):
         sources = [node.left, *node.comparators]
         operands: list[Typed] = []
         for i, src in enumerate(sources):
-            if isinstance(src, ast.List | ast.Tuple):
-                if i == 0 or not isinstance(node.ops[i - 1], ast.In | ast.NotIn):
-                    self.fail(
-                        src, "a list can only follow in or not in", "e.g. event.xid in [48, 79]"
-                    )
-                operands.append(self.list_literal(src))
-            else:
-                operands.append(self.translate(src))
+            try:
+                if isinstance(src, ast.List | ast.Tuple):
+                    if i == 0 or not isinstance(node.ops[i - 1], ast.In | ast.NotIn):
+                        self.fail(
+                            src, "a list can only follow in or not in", "e.g. event.xid in [48, 79]"
+                        )
+                    operands.append(self.list_literal(src))
+                else:
+                    operands.append(self.translate(src))
+            except ExprError as exc:
+                raise self._quote_hint(exc, sources, operands) from None
         guard = [False] * len(operands)
         for i, op in enumerate(node.ops):
             operands[i], operands[i + 1] = self.check_pair(op, operands[i], operands[i + 1])
@@ -246,6 +250,30 @@ class Translator(CallsTranslator):
             parts.append(ast.Compare(left=left, ops=[type(op)()], comparators=[ref(i + 1)]))
         body = parts[0] if len(parts) == 1 else ast.BoolOp(op=ast.And(), values=parts)
         return Typed(body, "boolean", False, node)
+
+    def _quote_hint(self, exc: ExprError, sources: list[ast.expr], done: list[Typed]) -> ExprError:
+        """An unknown bare name compared with a string field is a string without quotes:
+        ``process.user == bob`` means ``process.user == "bob"``. Say so."""
+        if not exc.message.startswith("unknown name "):
+            return exc
+        name = exc.message.removeprefix("unknown name ")
+        strings = [t for t in done if t.kind == "string" or t.elem == "string"]
+        for src in sources[len(done) + 1 :]:
+            if isinstance(src, ast.Attribute):
+                try:
+                    typed = self.translate(src)
+                except ExprError:
+                    continue
+                if typed.kind == "string" or typed.elem == "string":
+                    strings.append(typed)
+        if not strings:
+            return exc
+        field = self.text_of(strings[0].source)
+        return ExprError(
+            exc.message,
+            exc.offset,
+            f'{field} is a string: write "{name}" in quotes',
+        )
 
     def check_pair(self, op: ast.cmpop, a: Typed, b: Typed) -> tuple[Typed, Typed]:
         if isinstance(op, ast.Is | ast.IsNot):

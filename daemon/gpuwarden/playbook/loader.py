@@ -1,38 +1,53 @@
 """Load a set of playbook files: validate, compile every expression once, check references.
 
 The set loads whole or not at all: every problem in every file is collected and reported as
-``file:line:col: …``, and nothing of a set with a problem is returned.
+``file:line:col: …``, and nothing of a set with a problem is returned. What a loaded set is
+(``PlaybookSet``, ``CompiledRule``, ``CompiledStep``) is in ``compiled.py``, re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwarden import yamlfile
 from gpuwarden.config import Config
-from gpuwarden.errors import InputError, Problem
-from gpuwarden.playbook.expr import Compiled, Compiler, ExprError, Series
+from gpuwarden.errors import InputError, Problem, in_file_order
+from gpuwarden.playbook.compiled import CompiledRule, CompiledStep, OrderKey, PlaybookSet, Show
+from gpuwarden.playbook.expr import Compiled, Compiler, ExprError
 from gpuwarden.playbook.fields import FIELDS
 from gpuwarden.playbook.schema import (
     SELECTING_KINDS,
     CheckpointParams,
     NotifyParams,
-    PlaybookFile,
     ProvisionParams,
     Rule,
     Selection,
     Step,
 )
-from gpuwarden.playbook.templates import FACT_NAMES, GPU_FACT_NAMES, placeholders
+from gpuwarden.playbook.structure import validated_rules
+from gpuwarden.playbook.templates import unknown_placeholders
 from gpuwarden.timewindow import (
-    ActiveWindows,
-    Schedule,
     WindowError,
     parse_active,
     parse_every,
 )
+
+__all__ = [
+    "CHECKPOINT_SIGNALS",
+    "DEFAULT_ORDER",
+    "KILL_SIGNALS",
+    "PLAYBOOK_SUFFIXES",
+    "SELECT_ROOTS",
+    "WHEN_ROOTS",
+    "CompiledRule",
+    "CompiledStep",
+    "OrderKey",
+    "PlaybookSet",
+    "Show",
+    "load",
+    "playbook_files",
+]
 
 # The roots an expression may read, by where it stands and the rule's for_each.
 WHEN_ROOTS = {
@@ -43,6 +58,8 @@ WHEN_ROOTS = {
 }
 SELECT_ROOTS = frozenset({"process", "gpu", "host", "time", "event"})
 DEFAULT_ORDER = ("priority", "-gpu_memory_mib", "age_s")
+# Steps that stop work: without `select` in a host rule they may choose any process at all.
+UNBOUNDED_KINDS = frozenset({"kill", "suspend"})
 PLAYBOOK_SUFFIXES = (".yaml", ".yml")
 # Signals a job can catch to save its state, and those a kill may start with.
 CHECKPOINT_SIGNALS = frozenset(
@@ -61,64 +78,6 @@ CHECKPOINT_SIGNALS = frozenset(
 KILL_SIGNALS = frozenset(
     {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL"}
 )
-
-
-@dataclass(frozen=True)
-class OrderKey:
-    field: str
-    descending: bool
-    expr: Compiled
-
-
-@dataclass(frozen=True)
-class CompiledStep:
-    index: int
-    spec: Step
-    select: Compiled | None
-    free_until: Compiled | None
-    order: tuple[OrderKey, ...]
-
-    @property
-    def kind(self) -> str:
-        return self.spec.kind
-
-    @property
-    def blocking(self) -> bool:
-        """Whether the ladder waits for this step's outcome before the next (notify: no)."""
-        return self.kind != "notify"
-
-
-@dataclass(frozen=True)
-class CompiledRule:
-    spec: Rule
-    file: str
-    line: int | None
-    when: Compiled
-    until: Compiled | None
-    active: ActiveWindows | None
-    every: Schedule | None
-    steps: tuple[CompiledStep, ...]
-    # The rule's name, read for every evaluation: a plain attribute, not the model's.
-    name: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "name", self.spec.name)
-
-    @property
-    def one_shot(self) -> bool:
-        """Event and scheduled rules: their incident closes once the ladder has run."""
-        return self.spec.for_each == "event" or self.every is not None
-
-
-@dataclass(frozen=True)
-class PlaybookSet:
-    rules: tuple[CompiledRule, ...]
-    series: tuple[Series, ...]
-    files: tuple[str, ...]
-    compiler: Compiler
-
-    def rule(self, name: str) -> CompiledRule | None:
-        return next((r for r in self.rules if r.name == name), None)
 
 
 def playbook_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -147,6 +106,7 @@ class _FileCompiler:
         self.compiler = compiler
         self.config = config
         self.problems: list[Problem] = []
+        self.warnings: list[Problem] = []
 
     def expr(self, path: yamlfile.KeyPath, text: str, roots: frozenset[str]) -> Compiled | None:
         try:
@@ -187,7 +147,42 @@ class _FileCompiler:
             active,
             every,
             tuple(s for s in steps if s is not None),
+            self.shows(when, roots),
+            self.shows(until, roots) if until is not None else (),
         )
+
+    def shows(self, condition: Compiled, roots: frozenset[str]) -> tuple[Show, ...]:
+        """The fields ``condition`` reads, in the order its text names them, as values."""
+        fields = sorted(condition.fields, key=lambda f: (condition.text.find(f), f))
+        ranks = self.compiler.ranks
+        names = tuple(sorted(ranks, key=ranks.__getitem__))  # rank r is names[r]
+        return tuple(
+            Show(
+                f,
+                self.compiler.compile(f, roots=roots, kind="value"),
+                names if FIELDS[f].type == "priority" else None,
+            )
+            for f in fields
+        )
+
+    def loose(self, index: int, raw: object) -> None:
+        """The expressions of a rule whose structure is wrong, compiled anyway, so that their
+        problems are reported in the same run as the structure's."""
+        if not isinstance(raw, dict):
+            return
+        for_each = raw.get("for_each", "gpu")
+        if not isinstance(for_each, str) or for_each not in WHEN_ROOTS:
+            return
+        at: yamlfile.KeyPath = ("rules", index)
+        for key in ("when", "until"):
+            if isinstance(raw.get(key), str):
+                self.expr((*at, key), raw[key], WHEN_ROOTS[for_each])
+        steps = raw.get("steps")
+        for i, step in enumerate(steps if isinstance(steps, list) else ()):
+            for kind in SELECTING_KINDS & set(step if isinstance(step, dict) else ()):
+                params = step[kind]
+                if isinstance(params, dict) and isinstance(params.get("select"), str):
+                    self.expr((*at, "steps", i, kind, "select"), params["select"], SELECT_ROOTS)
 
     def _window_problem(self, path: yamlfile.KeyPath, value: object, exc: WindowError) -> Problem:
         if exc.index is not None:  # one window of a list: point at that item
@@ -204,17 +199,9 @@ class _FileCompiler:
         params = step.params
         ok = True
         if isinstance(params, NotifyParams) and params.message is not None:
-            names = (*FACT_NAMES, *GPU_FACT_NAMES)
-            for name in placeholders(params.message):
-                if name not in names:
-                    self.problems.append(
-                        self.located.problem(
-                            (*kind_at, "message"),
-                            f"unknown placeholder ${{{name}}} in the message",
-                            f"one of {', '.join('${' + n + '}' for n in names)}",
-                        )
-                    )
-                    ok = False
+            for found in unknown_placeholders(params.message, rule.for_each):
+                self.problems.append(self.located.problem((*kind_at, "message"), *found.words()))
+                ok = False
         if isinstance(params, NotifyParams):
             for i, target in enumerate(params.targets):
                 if target not in self.config.notify.targets:
@@ -257,6 +244,16 @@ class _FileCompiler:
         order: list[OrderKey] = []
         if isinstance(params, Selection):
             assert step.kind in SELECTING_KINDS
+            if rule.for_each == "host" and step.kind in UNBOUNDED_KINDS and not params.select:
+                self.warnings.append(
+                    self.located.problem(
+                        kind_at,
+                        f"{step.kind} without select in a host rule chooses among every "
+                        "process on every GPU of the machine",
+                        hint=f"say which: {step.kind}: {{select: process.priority <= low}} "
+                        "(and free_until or limit to stop early)",
+                    )
+                )
             free_roots = WHEN_ROOTS["host" if rule.for_each == "host" else "gpu"]
             if params.select is not None:
                 select = self.expr((*kind_at, "select"), params.select, SELECT_ROOTS)
@@ -332,17 +329,25 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
     if not files:
         where = ", ".join(str(p) for p in paths) or "(nothing given)"
         raise InputError.at(where, None, None, "no playbook files found", "*.yaml or *.yml files")
+    warnings: list[Problem] = []
     for path in files:
         try:
             located = yamlfile.load(path)
             if not isinstance(located.data, dict):
                 raise located.error((), "a playbook file must be a mapping", "rules: [...]")
-            document = yamlfile.validate(PlaybookFile, located)
         except InputError as exc:
             problems.extend(exc.problems)
             continue
+        valid, found = validated_rules(located)
         fc = _FileCompiler(located, compiler, config)
-        for index, rule in enumerate(document.rules):
+        fc.problems.extend(found)
+        rule_items = located.data.get("rules")
+        if isinstance(rule_items, list):
+            good = {index for index, _ in valid}
+            for index, raw in enumerate(rule_items):
+                if index not in good:
+                    fc.loose(index, raw)
+        for index, rule in valid:
             compiled = fc.rule(index, rule)
             if rule.name in first_seen:
                 file, line = first_seen[rule.name]
@@ -357,7 +362,14 @@ def load(paths: Sequence[str | Path], config: Config) -> PlaybookSet:
                 first_seen[rule.name] = (located.file, located.where(("rules", index))[0])
             if compiled is not None:
                 rules.append(compiled)
-        problems.extend(fc.problems)
+        problems.extend(in_file_order(fc.problems))
+        warnings.extend(in_file_order(fc.warnings))
     if problems:
         raise InputError(problems)
-    return PlaybookSet(tuple(rules), tuple(compiler.series), tuple(str(f) for f in files), compiler)
+    return PlaybookSet(
+        tuple(rules),
+        tuple(compiler.series),
+        tuple(str(f) for f in files),
+        compiler,
+        tuple(warnings),
+    )

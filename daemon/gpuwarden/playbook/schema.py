@@ -7,7 +7,7 @@ expressions, checks its references and reports every problem as file:line:col.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -229,6 +229,10 @@ class Step(_Strict):
             notify=[_STRING, _STRINGS], exec=[_STRINGS], provision=[_STRING]
         )
     )
+
+    # How an unknown key of a step is reported (yamlfile_keys: "unknown step kind 'kil'").
+    KEY_NOUN: ClassVar[str] = "step kind"
+    KEY_ORDER: ClassVar[tuple[str, ...]] = STEP_KINDS
 
     after: Seconds = 0.0
     name: str | None = None

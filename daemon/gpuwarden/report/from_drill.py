@@ -141,6 +141,8 @@ def build(
     severities = {r.name: r.spec.severity for r in playbooks.rules}
     shadows = {r.name: r.spec.mode == "shadow" for r in playbooks.rules}
     for record in records:
+        if record["kind"] == "message":
+            continue  # the messages come from the drill's outbox (``messages``)
         t = start + float(record["t"])
         kind, rule, scope = record["kind"], record["rule"], record["scope"]
         key = (rule, scope)

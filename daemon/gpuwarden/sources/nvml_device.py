@@ -168,6 +168,11 @@ def read_state(index: int, handle: Any, memo: DeviceMemo, *, ecc: bool) -> GpuSt
         retired_pages=_read_retired_pages(handle) if ecc and rows is None else None,
         pstate=None if pstate is None or pstate == pynvml.NVML_PSTATE_UNKNOWN else int(pstate),
         mig_mode=None if mig is None else mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
+        sm_clock_mhz=_int(nvml_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)),
+        memory_clock_mhz=_int(
+            nvml_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+        ),
+        energy_mj=_int(nvml_call(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)),
     )
 
 

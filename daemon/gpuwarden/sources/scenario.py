@@ -144,6 +144,7 @@ class ScenarioSource:
         self.scenario = scenario
         self.ack_spool = ack_spool  # where stand-ins acknowledge (the daemon's spool)
         self.name = f"scenario:{path}" if path else f"scenario:{scenario.name}"
+        self._path = path or scenario.name
         self.duration = scenario.duration
         if start_time is None:
             start = scenario.start or dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -217,6 +218,12 @@ class ScenarioSource:
             if isinstance(job.ack, str) and job.ack == "never"
             else ("0" if job.ack == "immediate" else f"{job.ack}")
         )
+        try:
+            return self._start(job, ack)
+        except ValueError as exc:  # run_as: no such user, or not root
+            raise InputError.at(self._path, None, None, f"job {job.id!r}: {exc}") from None
+
+    def _start(self, job: JobSpec, ack: str) -> Standin:
         return spawn(
             job.id,
             job.cmdline,
@@ -225,6 +232,7 @@ class ScenarioSource:
             on_term=job.on_term,
             ack=ack,
             ack_spool=self.ack_spool,
+            run_as=job.run_as,
         )
 
     @property

@@ -159,6 +159,9 @@ class JobSpec(_Strict):
     started: Seconds = 0.0
     on_term: Literal["exit", "ignore"] = "exit"
     ack: Literal["immediate", "never"] | Seconds = "immediate"
+    # A spawned stand-in runs as this user (an account on this machine; needs root): what a
+    # real job of another user looks like, for priority rules, protections and owner messages.
+    run_as: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_.-]*\$?$")
 
     @field_validator("cmdline", mode="before")
     @classmethod
@@ -343,6 +346,14 @@ def _cross_check(scenario: Scenario, located: yamlfile.Located) -> list[Problem]
                 )
             )
         job_ids.add(job.id)
+        if job.run_as is not None and not job.spawn:
+            problems.append(
+                located.problem(
+                    ("jobs", i, "run_as"),
+                    "run_as applies to a spawned stand-in only",
+                    "spawn: true, or user: for a job that is not spawned",
+                )
+            )
     known_gpus = ", ".join(str(g) for g in sorted(gpu_indexes))
     previous = -1.0
     last = len(scenario.timeline) - 1

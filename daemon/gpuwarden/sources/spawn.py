@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -74,6 +75,17 @@ class Standin:
                 self.process.wait(timeout)
 
 
+def _account(name: str) -> tuple[int, int]:
+    """(uid, gid) of the user a stand-in runs as; raises ``ValueError`` saying what is wrong."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ValueError(f"run_as: there is no user {name!r} on this machine") from None
+    if os.geteuid() != 0:
+        raise ValueError(f"run_as: {name}: only root can start a process as another user")
+    return entry.pw_uid, entry.pw_gid
+
+
 def _argv(cmdline: tuple[str, ...], workdir: Path) -> list[str]:
     first = PurePosixPath(cmdline[0]).name
     if _PYTHON.fullmatch(first) and len(cmdline) > 1:
@@ -108,11 +120,15 @@ def spawn(
     ack: str = "0",
     ready_timeout: float = 10.0,
     ack_spool: Path | None = None,
+    run_as: str | None = None,
 ) -> Standin:
     """Start one stand-in and wait until its signal handlers are installed. It acknowledges
     in ``ack_spool`` (default: ``gpuwarden.job.DEFAULT_ACK_DIR``) unless ``env`` names its
-    own ``GPUWARDEN_ACK_DIR``."""
+    own ``GPUWARDEN_ACK_DIR``. ``run_as``: the user it runs as (we must be root). It is
+    started as us and drops to that user itself, before it installs anything: the
+    interpreter may live where only root can read it."""
     workdir.mkdir(parents=True, exist_ok=True)
+    owner = _account(run_as) if run_as is not None else None
     log = workdir / f"{job_id}.signals.log"
     log.unlink(missing_ok=True)
     ack_dir = Path(env.get("GPUWARDEN_ACK_DIR") or ack_spool or job.DEFAULT_ACK_DIR)
@@ -128,8 +144,14 @@ def spawn(
         "GPUWARDEN_STANDIN_ON_TERM": on_term,
         "GPUWARDEN_STANDIN_ACK": ack,
     }
+    argv = _argv(cmdline, workdir)
+    if owner is not None:
+        child_env["GPUWARDEN_STANDIN_USER"] = f"{owner[0]}:{owner[1]}"
+        workdir.parent.chmod(workdir.parent.stat().st_mode | 0o111)  # it may pass, not list
+        for path in (workdir, *workdir.rglob("*")):
+            os.chown(path, owner[0], owner[1])
     process = subprocess.Popen(
-        _argv(cmdline, workdir),
+        argv,
         executable=sys.executable,
         cwd=workdir,
         env=child_env,

@@ -63,8 +63,21 @@ def _die_with_parent() -> None:
         sys.exit(0)
 
 
+def _become_user() -> None:
+    """``GPUWARDEN_STANDIN_USER=uid:gid``: drop to that user for good (all three ids), before
+    anything else happens; everything this process needs is imported already."""
+    wanted = os.environ.get("GPUWARDEN_STANDIN_USER")
+    if not wanted:
+        return
+    uid, gid = (int(part) for part in wanted.split(":"))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
 def main() -> int:
-    _die_with_parent()
+    _become_user()
+    _die_with_parent()  # after the drop: a change of user clears the parent-death signal
     checkpoint_sig = job.signal_from_name(os.environ.get("GPUWARDEN_CHECKPOINT_SIGNAL"))
     declared = bool(os.environ.get("GPUWARDEN_CHECKPOINT_SIGNAL"))
     ack_setting = os.environ.get("GPUWARDEN_STANDIN_ACK", "0")
