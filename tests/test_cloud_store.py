@@ -275,7 +275,7 @@ def test_the_store_creates_a_private_journal_the_journal_can_open(path: Path) ->
     InstanceStore.open(path).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert version(path) == len(MIGRATIONS) == 3
+    assert version(path) == len(MIGRATIONS)
     with Journal(path) as journal:
         assert journal.incidents() == []
 
@@ -364,7 +364,7 @@ def test_a_version_2_journal_migrates_to_3_and_keeps_its_rows(path: Path) -> Non
         assert store.all() == []
         assert store.resolved_at([INCIDENT]) == {INCIDENT: T0 + 60}
         assert store.add(managed(1), T0 + 1)
-    assert version(path) == 3
+    assert version(path) == len(MIGRATIONS)
     with Journal(path) as journal, InstanceStore.open_readonly(path) as view:
         assert [i.id for i in journal.incidents()] == [INCIDENT]
         assert journal.actions_since(T0) == 1

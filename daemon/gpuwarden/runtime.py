@@ -25,6 +25,7 @@ from gpuwarden.config import Config
 from gpuwarden.dispatch import Dispatcher, RunStats
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
+from gpuwarden.journal.control import hold_note
 from gpuwarden.model import Intent, Reason, RuleChange, Transition, Undo
 from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook.loader import PlaybookSet
@@ -38,6 +39,8 @@ if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from gpuwarden.sdnotify import SystemdNotifier
 
 log = logging.getLogger("gpuwarden.run")
+
+NEXT_REFRESH_S = 30.0  # an unchanged next step is written again this often (memory figures)
 
 
 class Runtime:
@@ -76,6 +79,8 @@ class Runtime:
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self.stats = RunStats()
+        # incident -> (what its next step was, when written): the journal's next_steps rows
+        self._next: dict[str, tuple[object, float]] = {}
         self._source_lock = threading.Lock()
         self.steps = Dispatcher(
             journal,
@@ -171,16 +176,13 @@ class Runtime:
         self.steps.drain()
         with self._source_lock:
             snapshot = self.source.snapshot(now)
-        for row in self.journal.incidents(open_only=True):
-            if row.acked_at is not None:  # `gpuwarden ack`, from another process
-                self.engine.ack(row.id)
-                if self.notifications is not None:
-                    self.notifications.ack(row.id, now)
+        aborted = self._take_controls(now)
         result = self.engine.step(snapshot, now)
         self.stats.ticks += 1
         # Written before anything is acted on; an intent the journal already holds (a step a
         # previous run planned) comes back refused and is never run twice.
-        written = self.journal.record_all(result.records, now, self.engine.incidents)
+        records = [*aborted, *result.records]
+        written = self.journal.record_all(records, now, self.engine.incidents)
         if self.notifications is not None:
             self.notifications.observe(
                 written, snapshot.gpus, {i.id: i.gpu for i in self.engine.incidents}, now
@@ -196,6 +198,7 @@ class Runtime:
                 log.warning(
                     "incident %s: rule %s fired for %s", record.incident, record.rule, record.where
                 )
+        self._write_next(now)
         if self.cloud is not None:
             self._cloud_tick(now)  # before the flush: what the reaper ended goes out now
         if self.notifications is not None:
@@ -203,6 +206,81 @@ class Runtime:
         if self.metrics is not None:
             self._observe(snapshot, time.perf_counter() - began)
         return result
+
+    # -- on call ----------------------------------------------------------------------------
+
+    def _take_controls(self, now: float) -> list[RuleChange]:
+        """What the on-call commands wrote to the journal since the last tick (``ack``,
+        ``hold``, ``release``, ``abort``, ``silence``), handed to the engine as data; returns
+        the resolutions of the incidents aborted, to be journaled with this tick."""
+        controls = self.journal.controls(now)
+        for incident in controls.acked:
+            self.engine.ack(incident)
+            if self.notifications is not None:
+                self.notifications.ack(incident, now)
+        expired = {h.id for h in self.journal.expire_holds(controls.holds.values(), now)}
+        holds = {i: h for i, h in controls.holds.items() if h.id not in expired}
+        for incident in set(self.engine.holds) - set(holds):
+            self.engine.release(incident)
+            log.info("incident %s: released; its ladder goes on", incident)
+        for incident, hold in holds.items():
+            if incident not in self.engine.holds:
+                log.info("incident %s: on hold %s", incident, hold_note(hold))
+            self.engine.hold(incident, hold.until, hold_note(hold))
+        self.engine.silence(s.silence() for s in controls.silences)
+        if self.notifications is not None:
+            self.notifications.mute(self.engine.silenced(now))
+        ended: list[RuleChange] = []
+        for incident, detail in controls.aborts.items():
+            change = self.engine.abort(incident, now, detail)
+            if change is None:  # open in the journal only (its rule is gone): close it there
+                row = self.journal.incident(incident)
+                if row is None or not row.open:
+                    continue
+                change = RuleChange(
+                    Transition.RESOLVED,
+                    row.rule,
+                    row.scope,
+                    now,
+                    Reason.ABORTED,
+                    incident,
+                    detail,
+                    where=row.label,
+                )
+            cancelled = self.steps.cancel_incident(incident)
+            log.warning(
+                "incident %s: aborted %s%s",
+                incident,
+                detail,
+                f"; {cancelled} running step(s) told to stop" if cancelled else "",
+            )
+            ended.append(change)
+        return ended
+
+    def _write_next(self, now: float) -> None:
+        """Each open incident's next step into the journal, for ``incident``, ``incidents
+        --open`` and ``status`` (which never plan against live processes themselves).
+        Rewritten when it changes, and every ``NEXT_REFRESH_S`` for its memory figures."""
+        steps = self.engine.next_steps(now)
+        changed = []
+        kept: dict[str, tuple[object, float]] = {}
+        for step in steps:
+            key = (
+                step.step,
+                step.state,
+                step.detail,
+                step.due,
+                tuple((t.pid, t.create_time) for t in step.targets),
+            )
+            seen = self._next.get(step.incident)
+            if seen is not None and seen[0] == key and now - seen[1] < NEXT_REFRESH_S:
+                kept[step.incident] = seen
+            else:
+                changed.append(step)
+                kept[step.incident] = (key, now)
+        if changed or set(self._next) != set(kept):
+            self.journal.write_next(changed, now, keep=[i for i in kept if i in self._next])
+        self._next = kept
 
     # -- cloud ------------------------------------------------------------------------------
 

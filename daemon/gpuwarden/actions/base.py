@@ -79,7 +79,7 @@ class Context:
     exec_group: str | None = None
 
     def wait(self, seconds: float) -> bool:
-        """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""
+        """Sleep on the context's clock; False when cancelled (a stop, or an abort)."""
         if self.cancel.is_set():
             return False
         self.clock.sleep(seconds)
