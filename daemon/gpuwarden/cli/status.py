@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,12 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         type=duration,
         metavar="SECONDS",
         help="refresh every SECONDS until Ctrl-C (replays run in real time)",
+    )
+    status.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="the journal whose open incidents are shown under the GPUs (default: the config's)",
     )
     status.add_argument(
         "--color",
@@ -101,14 +108,24 @@ def _colour(choice: str) -> bool:
     return sys.stdout.isatty()
 
 
-def _show(snap: Snapshot, args: argparse.Namespace, source: Source, *, clear: bool) -> None:
+def _show(
+    snap: Snapshot, args: argparse.Namespace, cfg: config.Config, source: Source, *, clear: bool
+) -> None:
+    from gpuwarden.cli import status_incidents
     from gpuwarden.cli.status_view import render_table, snapshot_dict
 
+    rows, upcoming, note = status_incidents.read(args, cfg)
     if args.json:
-        print(json.dumps(snapshot_dict(snap), indent=None if args.watch else 2), flush=True)
+        doc = snapshot_dict(snap)
+        if rows or upcoming:
+            doc["incidents"] = status_incidents.as_json(rows, upcoming)
+        print(json.dumps(doc, indent=None if args.watch else 2), flush=True)
         return
     width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
     text = render_table(snap, width=width, colour=_colour(args.color))
+    below = status_incidents.render(rows, upcoming, note, time.time(), width)
+    if below:
+        text = f"{text}\n\n{below}"
     position = getattr(source, "position", None)
     shown = position(snap.time) if position is not None else None
     if shown:  # which sample of a log this is: @TIME picks the last one taken by then
@@ -126,7 +143,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _opened(spec, cfg, options) as source:
         clock = _position(spec, source, real_time=args.watch is not None)
         if args.watch is None:
-            _show(source.snapshot(clock.now()), args, source, clear=False)
+            _show(source.snapshot(clock.now()), args, cfg, source, clear=False)
             return ExitCode.OK
         if args.watch <= 0:
             raise UsageError("--watch needs a positive number of seconds")
@@ -134,7 +151,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             while True:
                 began = clock.monotonic()
-                _show(source.snapshot(clock.now()), args, source, clear=tty)
+                _show(source.snapshot(clock.now()), args, cfg, source, clear=tty)
                 clock.sleep(args.watch - (clock.monotonic() - began))
         except KeyboardInterrupt:
             return ExitCode.OK
