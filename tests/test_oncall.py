@@ -350,7 +350,8 @@ def test_a_silence_of_a_gpu_leaves_the_other_gpus_alone(night: Night) -> None:
     assert proc_state(night.sweep.pid) == "T"  # GPU 0's incident acts
     assert all(not r.data.get("silenced") for r in night.timeline())
     hot = [r for r in night.timeline("hot") if r.kind == "step"]
-    assert hot and all(r.data["silenced"].startswith("#1 (GPU 1)") for r in hot)
+    assert hot
+    assert all(r.data["silenced"].startswith("#1 (GPU 1)") for r in hot)
 
 
 def test_silence_refuses_what_would_silence_nothing_or_forever(night: Night) -> None:
