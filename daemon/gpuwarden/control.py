@@ -512,6 +512,11 @@ class ControlServer:
         conn.settimeout(IO_TIMEOUT_S)
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", creds)
+        try:
+            line = _read_line(conn)  # read before answering, even a refusal
+        except OSError as exc:
+            self._send(conn, {"ok": False, "error": f"reading the request: {exc}", "exit": 1})
+            return
         if not member(uid, self.gid):
             log.warning("control: refused uid %d (pid %d): not in group %s", uid, pid, self.group)
             self._send(
@@ -525,7 +530,6 @@ class ControlServer:
             )
             return
         try:
-            line = _read_line(conn)
             request = Request.from_json(line)
             request = _as_caller(request, uid)
             if self._journal is None:
@@ -535,9 +539,6 @@ class ControlServer:
             hint = getattr(exc, "hint", None)
             text = getattr(exc, "message", None) or exc.render()
             self._send(conn, {"ok": False, "error": text, "hint": hint, "exit": int(exc.exit_code)})
-            return
-        except OSError as exc:
-            self._send(conn, {"ok": False, "error": f"reading the request: {exc}", "exit": 1})
             return
         self.served += 1
         log.info(
