@@ -349,7 +349,18 @@ def test_a_non_root_operator_holds_releases_aborts_and_silences_a_running_daemon
         assert refused.returncode == 1
         assert f"uid {mallory.uid} is not in group {operators.group}" in refused.stderr
         assert rows(journal, "SELECT acked_at FROM incidents") == [(None,)]
-        for done in (seen, held, released, aborted, silenced, listed, shut, refused):
+        unread = as_user(
+            mallory,
+            "incidents",
+            "--config",
+            str(config),
+            groups=[],
+            cwd=base,
+            pythonpath=pythonpath,
+        )
+        assert unread.returncode == 1
+        assert f"cannot read the journal {journal}: permission denied" in unread.stderr
+        for done in (seen, held, released, aborted, silenced, listed, shut, refused, unread):
             assert "Traceback" not in done.stderr
     finally:
         if daemon.poll() is None:

@@ -37,8 +37,9 @@ from typing import Any
 from gpuwarden.errors import ExitCode, GpuwardenError, HintedError, UsageError
 from gpuwarden.journal.control import NotOpen, SilenceRow
 from gpuwarden.journal.journal import Journal, JournalError
-from gpuwarden.journal.next_view import clock, next_words, targets_words
+from gpuwarden.journal.next_view import next_words, targets_words
 from gpuwarden.text import iso, safe_text
+from gpuwarden.units import format_duration
 
 log = logging.getLogger("gpuwarden.control")
 
@@ -337,7 +338,7 @@ def render_silences(rows: list[SilenceRow], now: float) -> str:
                 _matcher(row),
                 safe_text(row.by),
                 iso(row.starts_at),
-                f"{iso(until)} ({clock(until - now)})" if until > now else iso(until),
+                f"{iso(until)} (in {format_duration(until - now)})" if until > now else iso(until),
                 state,
                 safe_text(row.reason),
             )

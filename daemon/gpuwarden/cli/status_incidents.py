@@ -27,7 +27,7 @@ def read(args: argparse.Namespace, cfg: config.Config) -> tuple[list[Any], dict[
             return reading.incidents(open_only=True), reading.next_steps(), ""
     except (GpuwardenError, OSError) as exc:
         text = getattr(exc, "message", None) or str(exc)
-        return [], {}, f"open incidents: cannot read the journal ({safe_text(text)})"
+        return [], {}, f"open incidents: {safe_text(text)}"
 
 
 def _flags(row: Any) -> str:

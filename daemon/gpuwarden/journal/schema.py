@@ -444,6 +444,19 @@ def _create(path: Path) -> None:
     os.close(fd)
 
 
+def _is_file(path: Path, access: Access) -> bool:
+    try:
+        return path.is_file()
+    except PermissionError:
+        who = "read" if access is Access.READ else "write to"
+        raise JournalError(
+            f"cannot {who} the journal {path}: permission denied",
+            hint="the journal is root's, and readable by the config's operators.group when "
+            "it is set: run as root, or ask to be added to that group (docs/operations.md, "
+            '"On call")',
+        ) from None
+
+
 def check_wal(conn: sqlite3.Connection, path: Path) -> None:
     """A writer's journal must already be in WAL mode (the daemon set it when it created the
     file). Asked, never set: changing the mode needs the file to itself."""
@@ -471,7 +484,7 @@ def connect(
     if access is Access.OWN:
         _create(path)
         target, uri = str(path), False
-    elif not path.is_file():
+    elif not _is_file(path, access):
         raise _missing(path, access)
     else:
         mode = "ro" if access is Access.READ else "rw"  # rw: never creates the file
