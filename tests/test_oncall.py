@@ -362,6 +362,9 @@ def test_silence_refuses_what_would_silence_nothing_or_forever(night: Night) -> 
         (["silence", "--host", "--rule", "squeeze", "--for", "1h", "--reason", "x"], "--host"),
         (["silence", "--rule", "squeez", "--for", "1h", "--reason", "x"], "did you mean 'squeeze'"),
         (["silence", "--end", "9"], "no silence #9 in force"),
+        (["silence", "--host", "--for", "400d", "--reason", "x"], "at most a year"),
+        (["silence", "--gpu", "-1", "--for", "1h", "--reason", "x"], "not a GPU index"),
+        (["hold", "last", "--for", "0s"], "positive duration"),
     ]
     night.tick()
     for argv, expected in cases:
@@ -418,7 +421,8 @@ def test_what_next_in_incidents_incident_and_status(night: Night) -> None:
     night.tick()
     incident = night.incident()
     out = night.ok("incidents", "--open")
-    assert f"{incident}\n  next: suspend at +1:00 (in 1:00), would target pid " in out
+    assert f"{incident}\n  next: suspend at +1:00 (in " in out
+    assert f"), would target pid {night.sweep.pid} (" in out
     doc = json.loads(night.ok("incidents", "--open", "--json"))
     squeeze = next(d for d in doc["incidents"] if d["rule"] == "squeeze")
     nxt = squeeze["next"]
@@ -448,3 +452,69 @@ def test_what_next_in_incidents_incident_and_status(night: Night) -> None:
     assert all(len(line) <= 80 for line in status.splitlines())
     doc = json.loads(night.ok("status", "--source", f"scenario:{scenario}", "--json"))
     assert {i["id"] for i in doc["incidents"]} >= {incident}
+
+
+def test_the_control_socket_answers_bad_requests_and_keeps_serving(night: Night) -> None:
+    import grp
+    import os
+    import socket
+
+    from gpuwarden.control import ControlServer
+
+    night.tick()
+    path = night.state.parent / "control.sock"
+    server = ControlServer(path, grp.getgrgid(os.getgid()).gr_name, night.state / "journal.db")
+    server.start()
+    try:
+        assert stat_mode(path) == 0o660
+
+        def send(raw: bytes) -> dict[str, Any]:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(10)
+                conn.connect(str(path))
+                conn.sendall(raw + b"\n")
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+            doc: dict[str, Any] = json.loads(answer)
+            return doc
+
+        bad = [
+            (b"not json", "not JSON"),
+            (b"[1, 2]", "not a JSON object"),
+            (b'{"op": "reboot", "by": "x"}', "unknown request 'reboot'"),
+            (
+                b'{"op": "hold", "by": "x", "incident": "last", "shell": "rm"}',
+                "unknown request fields",
+            ),
+            (b'{"op": "hold", "by": 7, "incident": "last"}', "wrong type"),
+            (b'{"op": "hold", "by": "x", "incident": "last", "for_s": NaN}', "at most a year"),
+            (
+                b'{"op": "silence", "by": "x", "host": true, "for_s": 1e300, "reason": "r"}',
+                "at most a year",
+            ),
+            (b'{"op": "end-silence", "by": "x", "silence": 99999999999999999999}', "no silence #"),
+            (b'{"op": "hold", "incident": "last"}', "who asks"),
+        ]
+        for raw, expected in bad:
+            answer = send(raw)
+            assert answer["ok"] is False, raw
+            assert answer["exit"] == ExitCode.BAD_INPUT, (raw, answer)
+            assert expected in f"{answer['error']} {answer.get('hint')}", (raw, answer)
+        hold = {"op": "hold", "by": "ivan", "incident": night.incident(), "reason": "socket"}
+        good = send(json.dumps(hold).encode())
+        assert good["ok"] is True, good
+        assert "on hold until released (by " in good["message"]
+        assert server.served == 1
+    finally:
+        server.stop()
+    assert not path.exists()
+    night.tick(advance=61)
+    assert night.steps() == ["notify"]  # held through the socket: the suspend waits
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777

@@ -23,6 +23,7 @@ import contextlib
 import grp
 import json
 import logging
+import math
 import os
 import pwd
 import socket
@@ -45,6 +46,8 @@ log = logging.getLogger("gpuwarden.control")
 
 OPS = ("ack", "hold", "release", "abort", "silence", "end-silence")
 ENDED = ("killed", "terminated")  # what a kill's outcome says when it ended its target
+MAX_SPAN_S = 366 * 86400  # the longest hold or silence
+MAX_GPU = 4096
 MAX_REQUEST = 16 * 1024  # bytes of one request line
 IO_TIMEOUT_S = 5.0  # a client that does not finish its request in time is dropped
 
@@ -156,9 +159,25 @@ def _next(journal: Journal, incident: Any, now: float) -> tuple[str, dict[str, A
     return next_words(data, incident.opened_at, now, computed), data
 
 
+def check_bounds(request: Request) -> None:
+    """Numbers a person may mean: a request from the socket is checked like the command
+    line (a year at most for a hold or a silence, a GPU index, a silence number)."""
+    span = request.for_s
+    if span is not None and not (math.isfinite(span) and 0 < span <= MAX_SPAN_S):
+        raise UsageError(
+            f"--for {span!r} is not a duration gpuwarden takes",
+            hint="give a positive duration of at most a year, e.g. 30m or 2h",
+        )
+    if request.gpu is not None and not 0 <= request.gpu < MAX_GPU:
+        raise UsageError(f"--gpu {request.gpu} is not a GPU index", hint="0, 1, ... as in status")
+    if request.silence is not None and not 0 < request.silence < 2**63:
+        raise UsageError(f"no silence #{request.silence}", hint="`gpuwarden silence --list`")
+
+
 def perform(journal: Journal, request: Request, now: float) -> str:
     """Write ``request`` into ``journal`` (opened for writing); what will happen, in words.
     Raises ``ControlError`` or ``UsageError`` when it cannot be carried out."""
+    check_bounds(request)
     if request.op in ("silence", "end-silence"):
         return _silence(journal, request, now)
     if not request.incident:
@@ -168,8 +187,6 @@ def perform(journal: Journal, request: Request, now: float) -> str:
     if request.op == "ack":
         return _ack(journal, incident, request, now)
     if request.op == "hold":
-        if request.for_s is not None and request.for_s <= 0:
-            raise UsageError("--for needs a positive duration")
         until = None if request.for_s is None else now + request.for_s
         try:
             row = journal.hold(incident.id, now, until=until, by=request.by, reason=request.reason)
@@ -291,8 +308,6 @@ def _silence(journal: Journal, request: Request, now: float) -> str:
         raise UsageError("a silence needs --for (e.g. --for 2h): it must end by itself")
     if not request.reason.strip():
         raise UsageError("a silence needs --reason (what the maintenance is)")
-    if request.gpu is not None and request.gpu < 0:
-        raise UsageError("--gpu needs a GPU index (0, 1, ...)")
     row = journal.add_silence(
         now,
         ends=now + request.for_s,
