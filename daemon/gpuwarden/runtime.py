@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
 
 log = logging.getLogger("gpuwarden.run")
 
-NEXT_REFRESH_S = 30.0  # an unchanged next step is written again this often (memory figures)
+NEXT_REFRESH_S = 10.0  # an unchanged next step is planned and written again this often
 
 
 class Runtime:
@@ -260,26 +260,23 @@ class Runtime:
     def _write_next(self, now: float) -> None:
         """Each open incident's next step into the journal, for ``incident``, ``incidents
         --open`` and ``status`` (which never plan against live processes themselves).
-        Rewritten when it changes, and every ``NEXT_REFRESH_S`` for its memory figures."""
-        steps = self.engine.next_steps(now)
-        changed = []
+        Written when the step or what keeps it waiting changes, and every
+        ``NEXT_REFRESH_S`` with freshly planned targets; in between the planner is not
+        asked (planning a step costs about what running it does)."""
+        changed: list[str] = []
         kept: dict[str, tuple[object, float]] = {}
-        for step in steps:
-            key = (
-                step.step,
-                step.state,
-                step.detail,
-                step.due,
-                tuple((t.pid, t.create_time) for t in step.targets),
-            )
+        for step in self.engine.next_steps(now, plan=()):
+            key = (step.step, step.state, step.detail, step.due)
             seen = self._next.get(step.incident)
             if seen is not None and seen[0] == key and now - seen[1] < NEXT_REFRESH_S:
                 kept[step.incident] = seen
             else:
-                changed.append(step)
+                changed.append(step.incident)
                 kept[step.incident] = (key, now)
         if changed or set(self._next) != set(kept):
-            self.journal.write_next(changed, now, keep=[i for i in kept if i in self._next])
+            wanted = set(changed)
+            steps = [s for s in self.engine.next_steps(now, plan=wanted) if s.incident in wanted]
+            self.journal.write_next(steps, now, keep=[i for i in kept if i not in wanted])
         self._next = kept
 
     # -- cloud ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from gpuwarden.config import Config
@@ -186,15 +186,17 @@ class Engine:
         self._ladder.holds.pop(incident_id, None)
         return self._lifecycle.abort(rule, state, now, detail)
 
-    def next_steps(self, now: float) -> list[NextStep]:
+    def next_steps(self, now: float, *, plan: Container[str] | None = None) -> list[NextStep]:
         """For every open incident, what its ladder does next (``Ladder.preview``): the due
         step, its time, what keeps it waiting and the targets the planner would choose now,
-        from what the last ``step`` saw. Changes nothing."""
+        from what the last ``step`` saw. Changes nothing. ``plan``: the incidents whose
+        targets are planned (None: all; planning a step costs about as much as running it)."""
         out: list[NextStep] = []
         for incident in self.incidents:
             rule = self.playbooks.rule(incident.rule)
             if rule is not None:
-                out.append(self._ladder.preview(rule, incident, now))
+                wanted = plan is None or incident.id in plan
+                out.append(self._ladder.preview(rule, incident, now, plan=wanted))
         return out
 
     def ack(self, incident_id: str) -> None:

@@ -155,9 +155,12 @@ class Ladder:
             else:
                 incident.finished.add(index)
 
-    def preview(self, rule: CompiledRule, incident: Incident, now: float) -> NextStep:
+    def preview(
+        self, rule: CompiledRule, incident: Incident, now: float, *, plan: bool = True
+    ) -> NextStep:
         """What ``incident``'s ladder does next, seen from the last tick (see the module
-        doc). Changes nothing: the targets are planned as the step would plan them now."""
+        doc). Changes nothing: the targets are planned as the step would plan them now
+        (unless ``plan`` is false: planning is the costly part)."""
         index = incident.next_step
         if index >= len(rule.steps):
             running = sorted(incident.running)
@@ -192,9 +195,9 @@ class Ladder:
         selects = step.kind in SELECTING_KINDS
         targets: tuple[Target, ...] = ()
         skipped = 0
-        if selects and seen is not None:
-            plan = self._plan(rule, incident, step, seen[0], seen[1])
-            targets, skipped = plan.targets, len(plan.skipped)
+        if selects and plan and seen is not None:
+            chosen = self._plan(rule, incident, step, seen[0], seen[1])
+            targets, skipped = chosen.targets, len(chosen.skipped)
         return NextStep(
             incident.id,
             rule.name,
