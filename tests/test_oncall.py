@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -456,7 +457,6 @@ def test_what_next_in_incidents_incident_and_status(night: Night) -> None:
 
 def test_the_control_socket_answers_bad_requests_and_keeps_serving(night: Night) -> None:
     import grp
-    import os
     import socket
 
     from gpuwarden.control import ControlServer
@@ -518,3 +518,29 @@ def test_the_control_socket_answers_bad_requests_and_keeps_serving(night: Night)
 
 def stat_mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
+
+
+def test_the_journal_is_shared_with_the_group_only_in_a_directory_of_its_own(
+    tmp_path: Path,
+) -> None:
+    from gpuwarden.control import share_journal
+
+    own = tmp_path / "state"
+    Journal(own / "journal.db").close()
+    (own / "journal.lock").write_text("")
+    (own / "journal.lock").chmod(0o600)
+    gid = os.getgid()
+    changed = share_journal(own, gid)
+    assert own in changed
+    assert stat_mode(own) == 0o750
+    assert stat_mode(own / "journal.db") == 0o640
+    assert stat_mode(own / "journal.lock") == 0o600  # the lock stays private
+
+    shared = tmp_path / "var-lib"
+    shared.mkdir(mode=0o755)
+    Journal(shared / "journal.db").close()
+    (shared / "someone-elses.db").write_text("")
+    changed = share_journal(shared, gid)
+    assert shared not in changed  # a directory gpuwarden does not own alone keeps its mode
+    assert stat_mode(shared) == 0o755
+    assert stat_mode(shared / "journal.db") == 0o640

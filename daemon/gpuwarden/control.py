@@ -425,15 +425,27 @@ def member(uid: int, gid: int) -> bool:
     return user.pw_gid == gid or gid in os.getgrouplist(user.pw_name, user.pw_gid)
 
 
+OWN_FILES = frozenset({"journal.db", "journal.db-wal", "journal.db-shm", "journal.lock"})
+
+
 def share_journal(state_dir: Path, gid: int) -> list[Path]:
     """Let group ``gid`` read the journal: the state directory 0750, the journal and its
     ``-wal``/``-shm`` 0640, all of that group (SQLite gives ``-wal`` and ``-shm`` the
     journal's mode and owner when it makes them again). By path only: no descriptor of the
     journal is opened here (closing one would drop the daemon's SQLite locks). The lock
-    file stays private. Returns the paths changed."""
+    file stays private. A state directory that holds anything else (a ``state_dir`` such as
+    ``/var/lib``) is left as it is, with a warning. Returns the paths changed."""
     changed: list[Path] = []
+    others = sorted(set(os.listdir(state_dir)) - OWN_FILES)
+    if others:
+        log.warning(
+            "state_dir %s holds more than the journal (%s): its mode is left as it is; "
+            "give gpuwarden a directory of its own for operators.group to read the journal",
+            state_dir,
+            ", ".join(others[:3]),
+        )
     for path, mode in (
-        (state_dir, 0o750),
+        *(() if others else ((state_dir, 0o750),)),
         (state_dir / "journal.db", 0o640),
         (state_dir / "journal.db-wal", 0o640),
         (state_dir / "journal.db-shm", 0o640),
