@@ -544,3 +544,27 @@ def test_the_journal_is_shared_with_the_group_only_in_a_directory_of_its_own(
     assert shared not in changed  # a directory gpuwarden does not own alone keeps its mode
     assert stat_mode(shared) == 0o755
     assert stat_mode(shared / "journal.db") == 0o640
+
+
+def test_a_client_that_drips_its_request_is_dropped(night: Night) -> None:
+    import grp
+    import socket
+
+    from gpuwarden import control
+
+    night.tick()
+    path = night.state.parent / "control.sock"
+    server = control.ControlServer(
+        path, grp.getgrgid(os.getgid()).gr_name, night.state / "journal.db"
+    )
+    server.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as slow:
+            slow.connect(str(path))
+            slow.settimeout(30)
+            slow.sendall(b'{"op": "ack"')  # and never the rest
+            answer = slow.recv(4096)
+        assert b"did not arrive in time" in answer
+        assert server.served == 0
+    finally:
+        server.stop()

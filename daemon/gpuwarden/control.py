@@ -401,9 +401,17 @@ def ask(path: Path, request: Request, *, timeout: float = 30.0) -> str:
     )
 
 
-def _read_line(conn: socket.socket) -> str:
+def _read_line(conn: socket.socket, within: float | None = None) -> str:
+    """One line; with ``within``, all of it within that many seconds (a client that drips
+    its request byte by byte is dropped as one that sends nothing)."""
+    deadline = None if within is None else time.monotonic() + within
     data = b""
     while b"\n" not in data:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            conn.settimeout(left)
         chunk = conn.recv(4096)
         if not chunk:
             break
@@ -541,7 +549,11 @@ class ControlServer:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", creds)
         try:
-            line = _read_line(conn)  # read before answering, even a refusal
+            line = _read_line(conn, IO_TIMEOUT_S)  # read before answering, even a refusal
+        except TimeoutError:
+            error = f"the request did not arrive in time ({IO_TIMEOUT_S:g}s)"
+            self._send(conn, {"ok": False, "error": error, "exit": int(ExitCode.BAD_INPUT)})
+            return
         except OSError as exc:
             self._send(conn, {"ok": False, "error": f"reading the request: {exc}", "exit": 1})
             return
