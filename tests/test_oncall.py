@@ -250,6 +250,8 @@ def test_a_held_ladder_runs_nothing_until_released_then_goes_on_at_the_next_tick
     assert night.steps() == ["notify", "suspend", "kill"]
     assert not night.sweep.alive()
     assert night.trainer.alive()
+    out = night.ok("abort", incident)
+    assert f"cannot be undone: the kill of pid {night.sweep.pid} (" in out
 
 
 def test_a_hold_for_a_while_expires_by_itself(night: Night) -> None:
