@@ -57,6 +57,7 @@ GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
         6,
         (
             "gpuwarden.runtime",
+            "gpuwarden.control",
             "gpuwarden.dispatch",
             "gpuwarden.safety",
             "gpuwarden.reload",

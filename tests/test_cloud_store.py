@@ -275,7 +275,7 @@ def test_the_store_creates_a_private_journal_the_journal_can_open(path: Path) ->
     InstanceStore.open(path).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert version(path) == len(MIGRATIONS) == 4
+    assert version(path) == len(MIGRATIONS) == 5
     with Journal(path) as journal:
         assert journal.incidents() == []
 

@@ -488,8 +488,8 @@ def test_a_journal_from_a_newer_gpuwarden_is_refused(path: Path) -> None:
 
 
 def _v2(conn: sqlite3.Connection) -> None:
-    conn.execute("ALTER TABLE incidents ADD COLUMN acked_by TEXT")
-    conn.execute("UPDATE incidents SET acked_by = 'unknown' WHERE acked_at IS NOT NULL")
+    conn.execute("ALTER TABLE incidents ADD COLUMN ticket TEXT")
+    conn.execute("UPDATE incidents SET ticket = 'unknown' WHERE acked_at IS NOT NULL")
 
 
 def test_a_v1_journal_migrates_forward(path: Path) -> None:
@@ -497,12 +497,12 @@ def test_a_v1_journal_migrates_forward(path: Path) -> None:
         fired(journal)
         journal.ack(INCIDENT, T0 + 40)
     following = len(MIGRATIONS) + 1
-    later = (*MIGRATIONS, Migration(following, "incidents remember who acknowledged them", _v2))
+    later = (*MIGRATIONS, Migration(following, "incidents remember their ticket", _v2))
     with Journal(path, migrations=later) as journal:
         assert [i.id for i in journal.incidents()] == [INCIDENT]
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == following
-    assert conn.execute("SELECT acked_by FROM incidents").fetchall() == [("unknown",)]
+    assert conn.execute("SELECT ticket FROM incidents").fetchall() == [("unknown",)]
     conn.close()
     with pytest.raises(JournalError, match=f"schema version {following}"):
         Journal(path)  # this build does not know that version

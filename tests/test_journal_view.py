@@ -221,7 +221,9 @@ def test_the_list_shows_open_incidents_failures_and_shadow_mode() -> None:
 
 
 def test_incidents_json_shape() -> None:
-    [doc] = incidents_json([_row(pending_at=T0 - 30, acked_at=T0 + 5)])
+    [doc] = incidents_json(
+        [_row(pending_at=T0 - 30, acked_at=T0 + 5, acked_by="alice", ack_comment="on it")]
+    )
     assert doc == {
         "id": "inc-1",
         "rule": "mem",
@@ -235,6 +237,10 @@ def test_incidents_json_shape() -> None:
         "resolved_at": None,
         "resolve_reason": None,
         "acked_at": "2026-01-01T00:00:05Z",
+        "acked_by": "alice",
+        "ack_comment": "on it",
+        "abort_at": None,
+        "abort_by": None,
         "open": True,
         "duration_s": None,
         "steps": 0,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from gpuwarden.cli.status_watch import Watch
+from gpuwarden.model import Snapshot
 from gpuwarden.sources.scenario import ScenarioSource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +54,31 @@ def test_a_big_terminal_gets_the_full_table_and_compact_can_be_asked_for() -> No
     (compact,) = frames([300.0], Watch(compact=True), width=140, height=60)
     assert "PID     USER" not in compact
     assert compact.count("\n") == 1 + 8 + 2 - 1  # header, eight GPUs, "events" and the XID
+
+
+def test_open_incidents_go_under_the_gpus_and_the_screen_still_fits() -> None:
+    below = ["open incidents (30)"] + [f"  incident-{n}  high  GPU {n % 8}" for n in range(30)]
+    for watch, width, height in ((Watch(), 80, 24), (Watch(), 140, 60), (Watch(), 40, 6)):
+        (screen,) = [
+            watch.frame(snap, width=width, height=height, below=below) for snap in _snapshots()
+        ]
+        lines = screen.split("\n")
+        assert len(lines) <= height - 1
+        assert all(len(line) <= width for line in lines)
+        assert lines[0].startswith("gpu-node")  # the header never scrolls away
+        assert sum(line.startswith("[") for line in lines) == 8 or height < 10  # every GPU
+        if height >= 24:
+            assert "open incidents (30)" in lines  # under the GPUs
+        if height == 24:  # cut to the room the GPUs leave, saying so
+            assert lines[-1].strip().startswith("…")
+            assert "more lines" in lines[-1]
+    (roomy,) = [Watch().frame(s, width=140, height=200, below=below) for s in _snapshots()]
+    assert roomy.split("\n")[-31:] == below  # all of it when it fits, after the table
+
+
+def _snapshots() -> list[Snapshot]:
+    with ScenarioSource.open(EIGHT, spawn=False) as source:
+        return [source.snapshot(source.start_time + 300.0)]
 
 
 def test_a_tiny_terminal_says_what_it_leaves_out() -> None:

@@ -438,6 +438,27 @@ class ReloadConfig(_Strict):
     debounce: Seconds = Field(default=0.3, ge=0)
 
 
+class OperatorsConfig(_Strict):
+    """Who may use the on-call commands without being root (docs/operations.md, "On call").
+
+    With ``group`` set, the daemon makes its journal readable by that group (the views:
+    ``incidents``, ``incident``, ``status``) and listens on ``socket`` (mode 0660, that
+    group) for ``ack``, ``hold``, ``release``, ``abort`` and ``silence``, which it checks
+    (the caller's uid and groups, from the kernel) and writes to the journal itself."""
+
+    group: str | None = Field(default=None, min_length=1)
+    socket: Path = Path("/run/gpuwarden/control.sock")
+
+    @field_validator("socket")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError(
+                f"{value} is not an absolute path; the default is /run/gpuwarden/control.sock"
+            )
+        return value
+
+
 class Config(_Strict):
     host: str | None = None
     tick: Seconds = Field(default=2.0, gt=0)
@@ -462,6 +483,7 @@ class Config(_Strict):
     metrics: MetricsConfig = MetricsConfig()
     reload: ReloadConfig = ReloadConfig()
     exec: ExecConfig = ExecConfig()
+    operators: OperatorsConfig = OperatorsConfig()
 
     @field_validator("ack_spool")
     @classmethod

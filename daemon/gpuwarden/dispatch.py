@@ -122,6 +122,9 @@ class Dispatcher:
             self.configure(config)
         self.slurm = slurm  # Slurm's commands, for steps on Slurm jobs (replaced on reload)
         self.cancel = threading.Event()  # running steps stop waiting: we are shutting down
+        # Each running step's own cancel event: set at shutdown, or when its incident is
+        # aborted (``cancel_incident``).
+        self._cancels: dict[str, tuple[str, threading.Event]] = {}
         self._done: queue.Queue[tuple[Intent, Outcome]] = queue.Queue()
         self._running: dict[str, Future[None]] = {}
         # intent id -> (the intent as journaled, what the rails let run), until it finishes
@@ -165,11 +168,15 @@ class Dispatcher:
                 admission.note,
             )
         runs = admission.intent
+        cancel = threading.Event()
+        if self.cancel.is_set():
+            cancel.set()
+        self._cancels[intent.id] = (intent.incident, cancel)
         ctx = Context(
             dry_run=self.dry_run or intent.shadow,
             clock=self.clock,
             host=self.host,
-            cancel=self.cancel,
+            cancel=cancel,
             power=self.power,
             cloud=self.cloud,
             slurm=self.slurm,
@@ -229,6 +236,7 @@ class Dispatcher:
             except queue.Empty:
                 return
             self._running.pop(intent.id, None)
+            self._cancels.pop(intent.id, None)
             journaled, admission = self._admitted.pop(intent.id, (intent, Admission(intent)))
             self._count(journaled, outcome)
             self._finish(journaled, admission.completed(outcome))
@@ -262,6 +270,23 @@ class Dispatcher:
         self.engine.complete(intent.id, outcome)
         if self.notifications is not None:
             self.notifications.observe_outcome(intent, outcome, self.clock.now())
+        if outcome.undo and not outcome.dry_run and intent.incident not in self._open():
+            # The incident ended (resolved, aborted) while the step ran: put back now what
+            # the step has just done, rather than at the next stop.
+            self.undo_incident(intent.incident)
+
+    def _open(self) -> set[str]:
+        return {i.id for i in self.engine.incidents}
+
+    def cancel_incident(self, incident: str) -> int:
+        """The incident was aborted: its running steps stop waiting (a kill sends no further
+        signal, a checkpoint stops waiting for its acknowledgement). How many were told."""
+        told = 0
+        for owner, event in self._cancels.values():
+            if owner == incident and not event.is_set():
+                event.set()
+                told += 1
+        return told
 
     def settle(self, grace: float) -> None:
         """Let steps that are still running finish, within ``grace`` seconds."""
@@ -273,6 +298,8 @@ class Dispatcher:
         """Tell running steps to stop waiting, give them ``grace`` seconds, record what they
         did; a step still running after that is left unrecorded."""
         self.cancel.set()
+        for _incident, event in self._cancels.values():
+            event.set()
         if self._running:
             _done, pending = wait(list(self._running.values()), timeout=grace)
             for future in pending:

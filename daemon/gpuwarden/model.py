@@ -292,6 +292,9 @@ class Reason(enum.StrEnum):
     NO_CANDIDATES = "no_candidates"  # the step found nothing to act on
     NOT_CHECKPOINTABLE = "not_checkpointable"  # the job did not opt in to checkpoints
     NOT_SLURM_JOB = "not_slurm_job"  # a step that acts only through Slurm; no job to act on
+    HELD = "held"  # a due step waits: a person put the incident on hold (`gpuwarden hold`)
+    SILENCED = "silenced"  # a step came due under a silence: recorded, not acted on or told
+    ABORTED = "aborted"  # a person ended the incident (`gpuwarden abort`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +346,9 @@ class Intent:
     gpu: int | None = None
     params: object = None
     where: str = ""
+    # The silence the step came due under ("#3 by alice until ...: reason"); such a step is
+    # recorded like a shadow step (``shadow`` is set too): never acted on, never announced.
+    silenced: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,3 +423,77 @@ class RuleChange:
     # What the condition read when it changed: (field, value) in the order the text names
     # them, such as (("gpu.memory.used_pct", 95.3),). ``detail`` says the same for people.
     values: tuple[tuple[str, object], ...] = ()
+
+
+# -- what people on call say to the daemon ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """``gpuwarden hold``: no further step of ``incident`` runs until it is released or
+    ``until`` passes (``None``: until released). A step already running finishes."""
+
+    incident: str
+    until: float | None = None
+    note: str = ""  # who and why, for the waiting record
+
+    def active(self, now: float) -> bool:
+        return self.until is None or now < self.until
+
+
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """``gpuwarden silence``: between ``starts`` and ``ends``, a step of a matching incident
+    is recorded as silenced instead of acted on or announced. It matches every incident of
+    the host (``host``), or those of ``rule`` and/or on GPU ``gpu`` (both when both are
+    given)."""
+
+    id: int
+    starts: float
+    ends: float
+    rule: str | None = None
+    gpu: int | None = None
+    host: bool = False
+    by: str = ""
+    reason: str = ""
+
+    def active(self, now: float) -> bool:
+        return self.starts <= now < self.ends
+
+    def matches(self, rule: str, gpu: int | None) -> bool:
+        if self.host:
+            return True
+        if self.rule is None and self.gpu is None:
+            return False
+        return (self.rule is None or self.rule == rule) and (self.gpu is None or self.gpu == gpu)
+
+    @property
+    def matcher(self) -> str:
+        """What it silences, as people read it: ``host``, ``rule squeeze``, ``GPU 3``."""
+        if self.host:
+            return "host"
+        parts = ([f"rule {self.rule}"] if self.rule is not None else []) + (
+            [f"GPU {self.gpu}"] if self.gpu is not None else []
+        )
+        return " on ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class NextStep:
+    """What an open incident's ladder does next, as the engine sees it now: the step, when it
+    is due, what keeps it waiting, and (for a step that chooses processes) the targets the
+    planner would choose now. Nothing is acted on to compute it."""
+
+    incident: str
+    rule: str
+    step: int | None  # None: every step has run (the incident stays open until it clears)
+    kind: str = ""
+    label: str = ""
+    due: float | None = None  # when the step's ``after`` is reached
+    state: str = "scheduled"  # scheduled | due | after_previous | held | acknowledged |
+    #                           condition_not_holding | silenced | done
+    detail: str = ""  # the hold, the silence, the step still running
+    targets: tuple[Target, ...] = ()
+    skipped: int = 0  # candidates the planner left out now
+    selects: bool = False  # the step chooses processes (targets are meaningful)
+    pause_on_ack: bool = False  # an acknowledgement stops this rule's ladder

@@ -26,6 +26,7 @@ from gpuwarden.config import Config
 from gpuwarden.dispatch import Dispatcher, RunStats
 from gpuwarden.engine.engine import Engine
 from gpuwarden.engine.incident import Tick
+from gpuwarden.journal.control import hold_note
 from gpuwarden.journal.samples import RuleFacts, SampleRecorder
 from gpuwarden.journal.schema import JournalError
 from gpuwarden.model import Intent, Reason, RuleChange, Transition, Undo
@@ -41,6 +42,8 @@ if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from gpuwarden.sdnotify import SystemdNotifier
 
 log = logging.getLogger("gpuwarden.run")
+
+NEXT_REFRESH_S = 10.0  # an unchanged next step is planned and written again this often
 
 
 class Runtime:
@@ -81,6 +84,8 @@ class Runtime:
         self.stats = RunStats()
         # Readings around incidents, kept in the journal for reports (journal/samples.py).
         self.samples = SampleRecorder(self._rule_facts, preroll=preroll_for(playbooks))
+        # incident -> (what its next step was, when written): the journal's next_steps rows
+        self._next: dict[str, tuple[object, float]] = {}
         self._source_lock = threading.Lock()
         self.steps = Dispatcher(
             journal,
@@ -188,16 +193,14 @@ class Runtime:
             snapshot = self.source.snapshot(now)
         if self.notifications is not None:  # a silence in Alertmanager (ack_on_silence)
             self._ack_silenced(self.notifications.silenced(), now)
-        for row in self.journal.incidents(open_only=True):
-            if row.acked_at is not None:  # `gpuwarden ack`, from another process
-                self.engine.ack(row.id)
-                if self.notifications is not None:
-                    self.notifications.ack(row.id, now)
+        # `gpuwarden ack`/hold/release/abort/silence, written by another process
+        aborted = self._take_controls(now)
         result = self.engine.step(snapshot, now)
         self.stats.ticks += 1
         # Written before anything is acted on; an intent the journal already holds (a step a
         # previous run planned) comes back refused and is never run twice.
-        written = self.journal.record_all(result.records, now, self.engine.incidents)
+        records = [*aborted, *result.records]
+        written = self.journal.record_all(records, now, self.engine.incidents)
         if self.notifications is not None:
             self.notifications.observe(written, snapshot, self.engine.incidents, now)
         for record in written:
@@ -217,6 +220,7 @@ class Runtime:
         self.samples.observe(snapshot, now, self.engine.incidents)
         if self.samples.due(now):
             self.journal.record_samples(self.samples.take(now))
+        self._write_next(now)
         if self.cloud is not None:
             self._cloud_tick(now)  # before the flush: what the reaper ended goes out now
         if self.notifications is not None:
@@ -239,8 +243,80 @@ class Runtime:
         loop then treats them as `gpuwarden ack` would)."""
         open_ids = {i.id for i in self.engine.incidents}
         for incident, who in silenced.items():
-            if incident in open_ids and self.journal.ack(incident, now):
+            if incident in open_ids and self.journal.ack(incident, now, by=who):
                 log.warning("incident %s acknowledged by %s", incident, who)
+
+    # -- on call ----------------------------------------------------------------------------
+
+    def _take_controls(self, now: float) -> list[RuleChange]:
+        """What the on-call commands wrote to the journal since the last tick (``ack``,
+        ``hold``, ``release``, ``abort``, ``silence``), handed to the engine as data; returns
+        the resolutions of the incidents aborted, to be journaled with this tick."""
+        controls = self.journal.controls(now)
+        for incident in controls.acked:
+            self.engine.ack(incident)
+            if self.notifications is not None:
+                self.notifications.ack(incident, now)
+        expired = {h.id for h in self.journal.expire_holds(controls.holds.values(), now)}
+        holds = {i: h for i, h in controls.holds.items() if h.id not in expired}
+        for incident in set(self.engine.holds) - set(holds):
+            self.engine.release(incident)
+            log.info("incident %s: released; its ladder goes on", incident)
+        for incident, hold in holds.items():
+            if incident not in self.engine.holds:
+                log.info("incident %s: on hold %s", incident, hold_note(hold))
+            self.engine.hold(incident, hold.until, hold_note(hold))
+        self.engine.silence(s.silence() for s in controls.silences)
+        if self.notifications is not None:
+            self.notifications.mute(self.engine.silenced(now))
+        ended: list[RuleChange] = []
+        for incident, detail in controls.aborts.items():
+            change = self.engine.abort(incident, now, detail)
+            if change is None:  # open in the journal only (its rule is gone): close it there
+                row = self.journal.incident(incident)
+                if row is None or not row.open:
+                    continue
+                change = RuleChange(
+                    Transition.RESOLVED,
+                    row.rule,
+                    row.scope,
+                    now,
+                    Reason.ABORTED,
+                    incident,
+                    detail,
+                    where=row.label,
+                )
+            cancelled = self.steps.cancel_incident(incident)
+            log.warning(
+                "incident %s: aborted %s%s",
+                incident,
+                detail,
+                f"; {cancelled} running step(s) told to stop" if cancelled else "",
+            )
+            ended.append(change)
+        return ended
+
+    def _write_next(self, now: float) -> None:
+        """Each open incident's next step into the journal, for ``incident``, ``incidents
+        --open`` and ``status`` (which never plan against live processes themselves).
+        Written when the step or what keeps it waiting changes, and every
+        ``NEXT_REFRESH_S`` with freshly planned targets; in between the planner is not
+        asked (planning a step costs about what running it does)."""
+        changed: list[str] = []
+        kept: dict[str, tuple[object, float]] = {}
+        for step in self.engine.next_steps(now, plan=()):
+            key = (step.step, step.state, step.detail, step.due)
+            seen = self._next.get(step.incident)
+            if seen is not None and seen[0] == key and now - seen[1] < NEXT_REFRESH_S:
+                kept[step.incident] = seen
+            else:
+                changed.append(step.incident)
+                kept[step.incident] = (key, now)
+        if changed or set(self._next) != set(kept):
+            wanted = set(changed)
+            steps = [s for s in self.engine.next_steps(now, plan=wanted) if s.incident in wanted]
+            self.journal.write_next(steps, now, keep=[i for i in kept if i not in wanted])
+        self._next = kept
 
     # -- cloud ------------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ class Context:
     slurm: Slurm | None = None  # Slurm's commands (the config's ``slurm``), None when turned off
 
     def wait(self, seconds: float) -> bool:
-        """Sleep on the context's clock; False when cancelled (the daemon is stopping)."""
+        """Sleep on the context's clock; False when cancelled (a stop, or an abort)."""
         if self.cancel.is_set():
             return False
         self.clock.sleep(seconds)

@@ -34,6 +34,7 @@ from gpuwarden.model import Intent, Outcome, Target, TargetResult
 from gpuwarden.playbook.schema import CheckpointParams
 
 POLL_S = 0.05
+STOPPED_WAITING = "stopped waiting: the daemon is stopping or the incident was aborted"
 
 
 @dataclass
@@ -146,7 +147,10 @@ def _wait(
         if not ctx.wait(min(POLL_S, left)):
             for item in pending:
                 results[item.index] = _result(
-                    item.target, False, "cancelled", "stopped waiting: the daemon is stopping"
+                    item.target,
+                    False,
+                    "cancelled",
+                    STOPPED_WAITING,
                 )
             break
     return results

@@ -47,6 +47,7 @@ CONFIRM_POLL_S = 0.01
 KILL_CONFIRM_S = 5.0  # SIGKILL is not instant for a process in uninterruptible sleep
 PROC = Path("/proc")
 ENDED = ("terminated", "killed", "gone")
+CANCELLED = "not acted on: the daemon is stopping or the incident was aborted"
 
 
 @dataclass
@@ -255,7 +256,11 @@ def _recheck(params: KillParams, ctx: Context) -> tuple[str, bool, str] | None:
     if ctx.still_needed is None:
         return None
     if not ctx.wait(params.settle):
-        return ("cancelled", False, "not acted on: the daemon is stopping")
+        return (
+            "cancelled",
+            False,
+            CANCELLED,
+        )
     try:
         needed = ctx.still_needed()
     except Exception as err:  # a failed re-read must not turn into more kills
@@ -296,7 +301,11 @@ def execute(intent: Intent, ctx: Context) -> Outcome:
             except (OSError, psutil.Error) as err:
                 result = _result(target, False, "error", str(err))
             if result.state == "cancelled" or ctx.cancel.is_set():
-                rest = ("cancelled", False, "not acted on: the daemon is stopping")
+                rest = (
+                    "cancelled",
+                    False,
+                    CANCELLED,
+                )
             elif not dry and result.state in ENDED and index < last:
                 rest = _recheck(params, ctx)
         results.append(result)

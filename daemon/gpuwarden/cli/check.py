@@ -110,7 +110,7 @@ def add_schema(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from gpuwarden.cli import hardening, inventory
+    from gpuwarden.cli import hardening, inventory, selfcheck
     from gpuwarden.playbook import loader
 
     found = config_path(args.config)
@@ -161,6 +161,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     warnings = [f"{f.detail} — {f.fix}" for f in hardening.review(cfg, found)]
     warnings += [p.render() for p in playbooks.warnings] + credential_warnings(cfg)
+    operators = selfcheck.check_operators(cfg)  # run would refuse to start (exit 2)
+    if operators is not None and not operators.ok:
+        warnings.append(f"{operators.detail} — {operators.fix}")
     if silent and not cfg.shadow:  # --allow-silent: said, and accepted
         warnings += [p.render() for p in silent]
     for warning in warnings:

@@ -1,7 +1,8 @@
-"""``gpuwarden incidents``, ``incident`` (one timeline), ``ack`` and ``reset-breaker``: what
-the on-call person reads and says to the journal. The views open it read only; ``ack`` and
-``reset-breaker`` write it beside the running daemon (``common.journal(..., write=True)``),
-which picks the change up at its next tick."""
+"""``gpuwarden incidents``, ``incident`` (one timeline) and ``reset-breaker``: what the on-call
+person reads in the journal, with each open incident's next step as the daemon last wrote it.
+The views open the journal read only; ``reset-breaker`` writes it beside the running daemon
+(``common.journal(..., write=True)``), which picks the change up at its next tick. ``ack``,
+``hold``, ``release``, ``abort`` and ``silence`` are in ``oncall.py``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden import config
 from gpuwarden.cli.common import duration, instances, journal
 from gpuwarden.errors import ExitCode, UsageError
+from gpuwarden.text import safe_text
 
 if TYPE_CHECKING:
     from gpuwarden.cloud.instance import Managed
@@ -44,15 +46,6 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     incident.add_argument("--state-dir", type=Path, metavar="DIR")
     incident.add_argument("--json", action="store_true")
 
-    ack = sub.add_parser(
-        "ack",
-        parents=[common],
-        help="record that a person has taken over",
-        description="Acknowledge an incident: reminders about it stop.",
-    )
-    ack.add_argument("id", metavar="ID", help="an incident id, a unique prefix of one, or last")
-    ack.add_argument("--state-dir", type=Path, metavar="DIR")
-
     reset = sub.add_parser(
         "reset-breaker",
         parents=[common],
@@ -63,34 +56,63 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_incidents(args: argparse.Namespace, cfg: config.Config) -> int:
+    from gpuwarden.journal import next_view
     from gpuwarden.journal import view as journal_view
 
     with journal(args, cfg) as reading:
         since = None if args.since is None else time.time() - args.since
         rows = reading.incidents(since=since, open_only=args.open)
+        upcoming = reading.next_steps()
+    now = time.time()
     if args.json:
-        print(json.dumps({"version": 1, "incidents": journal_view.incidents_json(rows)}, indent=2))
-    else:
-        print(journal_view.render_incidents(rows, time.time()))
+        docs = journal_view.incidents_json(rows)
+        for row, doc in zip(rows, docs, strict=True):
+            found = upcoming.get(row.id) if row.open else None
+            doc["next"] = (
+                None if found is None else next_view.next_json(found[1], row.opened_at, found[0])
+            )
+        print(json.dumps({"version": 1, "incidents": docs}, indent=2))
+        return ExitCode.OK
+    print(journal_view.render_incidents(rows, now))
+    if args.open:
+        for row in rows:
+            found = upcoming.get(row.id)
+            if found is not None:
+                words = next_view.next_words(found[1], row.opened_at, now, found[0])
+                print(f"\n{safe_text(row.id)}\n  next: {words}")
     return ExitCode.OK
 
 
 def cmd_incident(args: argparse.Namespace, cfg: config.Config) -> int:
     from gpuwarden.cli import cloud as cli_cloud
+    from gpuwarden.journal import next_view
     from gpuwarden.journal import view as journal_view
 
     with journal(args, cfg) as reading:
         incident = journal_target(reading, args.id)
         timeline = reading.timeline(incident.id)
+        found = reading.next_steps().get(incident.id) if incident.open else None
     with instances(args, cfg) as store:  # the cloud instances it launched
         launched: list[Managed] = store.for_incident(incident.id)
     now = time.time()
     if args.json:
         doc = journal_view.timeline_json(incident, timeline)
+        doc["next"] = (
+            None if found is None else next_view.next_json(found[1], incident.opened_at, found[0])
+        )
         doc["instances"] = [cli_cloud.instance_json(m, now) for m in launched]
         print(json.dumps(doc, indent=2))
     else:
-        print(journal_view.render_timeline(incident, timeline, now))
+        text = journal_view.render_timeline(incident, timeline, now)
+        if found is not None or incident.open:
+            words = (
+                next_view.next_words(found[1], incident.opened_at, now, found[0])
+                if found is not None
+                else "not known: the daemon has not written it (is it running?)"
+            )
+            head, sep, rest = text.partition("\n\n")
+            text = f"{head}\n  next      {words}{sep}{rest}"
+        print(text)
         if launched:
             print("\ncloud instances\n" + cli_cloud.render_instances(launched, now))
     return ExitCode.OK
@@ -113,11 +135,3 @@ def journal_target(journal: Any, text: str) -> Any:
             raise UsageError("the journal has no incidents yet")
         return max(rows, key=lambda r: r.opened_at)
     return journal.find_incident(text)  # an id or a unique prefix of one
-
-
-def cmd_ack(args: argparse.Namespace, cfg: config.Config) -> int:
-    with journal(args, cfg, write=True) as writing:
-        incident = journal_target(writing, args.id)
-        writing.ack(incident.id, time.time())
-    print(f"acknowledged {incident.id}: no more reminders about it")
-    return ExitCode.OK

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gpuwarden import __version__, config
-from gpuwarden.cli import check, cloud, doctor, incidents, notify, report, run, status
+from gpuwarden.cli import check, cloud, doctor, incidents, notify, oncall, report, run, status
 from gpuwarden.cli.common import with_config
 from gpuwarden.errors import ExitCode, GpuwardenError, InputError
 
@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_commands(sub, common)
     run.add_commands(sub, common)
     incidents.add_commands(sub, common)
+    oncall.add_commands(sub, common)
     report.add_commands(sub, common)
     notify.add_commands(sub, common)
     doctor.add_commands(sub, common)
@@ -61,7 +62,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "incidents": with_config(incidents.cmd_incidents),
     "incident": with_config(incidents.cmd_incident),
     "reset-breaker": with_config(incidents.cmd_reset_breaker),
-    "ack": with_config(incidents.cmd_ack),
+    "ack": with_config(oncall.cmd_ack),
+    "hold": with_config(oncall.cmd_hold),
+    "release": with_config(oncall.cmd_release),
+    "abort": with_config(oncall.cmd_abort),
+    "silence": with_config(oncall.cmd_silence),
     "report": with_config(report.cmd_report),
     "notify-test": with_config(notify.cmd_notify_test),
     "outbox": with_config(notify.cmd_outbox),

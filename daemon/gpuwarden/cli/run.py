@@ -115,6 +115,15 @@ def _run(
             "for example --source scenario:FILE --speed 20",
         )
     journal = Journal(state_dir(args, cfg) / JOURNAL_NAME)
+    control = None
+    if cfg.operators.group is not None:
+        # Non-root operators: the journal readable by their group, and the control socket
+        # for ack, hold, release, abort and silence (docs/operations.md, "On call").
+        from gpuwarden.control import ControlServer, share_journal
+
+        server = ControlServer(cfg.operators.socket, cfg.operators.group, journal.path)
+        share_journal(journal.path.parent, server.gid)
+        control = server.start()
     source = open_source(spec, cfg, options)
     clock: Clock = SystemClock()
     if spec.replay:
@@ -219,6 +228,8 @@ def _run(
             signal.signal(sig, handler)
         if watcher is not None:
             watcher.stop()
+        if control is not None:
+            control.stop()
         journal.close()
         if cloud is not None:
             cloud.store.close()

@@ -260,6 +260,24 @@ def check_exec_user(config: Config) -> Finding:
     return ok("exec_user", f"exec steps run as {user} (uid {uid}), without capabilities")
 
 
+def check_operators(config: Config) -> Finding | None:
+    """The config's ``operators.group`` exists here (None: no operators group is set)."""
+    import grp
+
+    group = config.operators.group
+    if group is None:
+        return None
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        return fail(
+            "operators",
+            f"operators.group {group!r} is not a group on this host: run refuses to start (exit 2)",
+            f"create it (groupadd {group}) or change operators.group in the config",
+        )
+    return ok("operators", f"members of {group} (gid {gid}) use the control socket")
+
+
 def load_config(config_path: Path) -> tuple[Config | None, Finding]:
     try:
         loaded = config_file.load(config_path)
@@ -398,6 +416,9 @@ def run_checks(
     findings.append(check_state_dir(state_dir or usable.state_dir))
     findings.append(check_ack_spool(usable.ack_spool))
     findings.append(check_exec_user(usable))
+    operators = check_operators(usable)
+    if operators is not None:
+        findings.append(operators)
     findings += check_modes(config_path, paths, insecure=insecure_permissions)
     if config is not None or config_path is None:
         findings.append(check_playbooks(paths, usable))

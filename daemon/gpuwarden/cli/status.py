@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,12 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         default=600.0,
         metavar="D",
         help="with --watch: keep each event on screen this long (default 10m)",
+    )
+    status.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="the journal whose open incidents are shown under the GPUs (default: the config's)",
     )
     status.add_argument(
         "--color",
@@ -115,12 +122,23 @@ def _colour(choice: str) -> bool:
     return sys.stdout.isatty()
 
 
-def _show(snap: Snapshot, args: argparse.Namespace, source: Source, watch: Watch | None) -> None:
+def _show(
+    snap: Snapshot,
+    args: argparse.Namespace,
+    cfg: config.Config,
+    source: Source,
+    watch: Watch | None,
+) -> None:
+    from gpuwarden.cli import status_incidents
     from gpuwarden.cli.status_view import render_table, snapshot_dict
     from gpuwarden.cli.status_watch import compact_lines
 
+    rows, upcoming, inc_note = status_incidents.read(args, cfg)
     if args.json:
-        print(json.dumps(snapshot_dict(snap), indent=None if args.watch else 2), flush=True)
+        doc = snapshot_dict(snap)
+        if rows or upcoming:
+            doc["incidents"] = status_incidents.as_json(rows, upcoming)
+        print(json.dumps(doc, indent=None if args.watch else 2), flush=True)
         return
     position = getattr(source, "position", None)
     shown = position(snap.time) if position is not None else None
@@ -129,8 +147,17 @@ def _show(snap: Snapshot, args: argparse.Namespace, source: Source, watch: Watch
     tty = sys.stdout.isatty()
     size = shutil.get_terminal_size((80, 24)) if tty else os.terminal_size((80, 24))
     colour = _colour(args.color)
+    # The open incidents in the journal, each with its next step, under the GPUs.
+    below = status_incidents.render(rows, upcoming, inc_note, time.time(), size.columns)
     if watch is not None and tty:  # one screen, redrawn in place
-        text = watch.frame(snap, width=size.columns, height=size.lines, colour=colour, note=note)
+        text = watch.frame(
+            snap,
+            width=size.columns,
+            height=size.lines,
+            colour=colour,
+            note=note,
+            below=below.splitlines(),
+        )
         sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
         sys.stdout.flush()
         return
@@ -140,6 +167,8 @@ def _show(snap: Snapshot, args: argparse.Namespace, source: Source, watch: Watch
         lines = render_table(snap, width=size.columns, colour=colour).splitlines()
     if note:
         lines[1:1] = [note]
+    if below:
+        lines += ["", *below.splitlines()]
     print("\n".join(fit(line, size.columns) for line in lines), flush=True)
 
 
@@ -150,7 +179,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _opened(spec, cfg, options) as source:
         clock = _position(spec, source, real_time=args.watch is not None)
         if args.watch is None:
-            _show(source.snapshot(clock.now()), args, source, None)
+            _show(source.snapshot(clock.now()), args, cfg, source, None)
             return ExitCode.OK
         if args.watch <= 0:
             raise UsageError("--watch needs a positive number of seconds")
@@ -160,7 +189,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             while True:
                 began = clock.monotonic()
-                _show(source.snapshot(clock.now()), args, source, watch)
+                _show(source.snapshot(clock.now()), args, cfg, source, watch)
                 clock.sleep(args.watch - (clock.monotonic() - began))
         except KeyboardInterrupt:  # how a watch is ended: not a failure (README, exit codes)
             if sys.stdout.isatty():

@@ -48,18 +48,33 @@ class Watch:
         height: int,
         colour: bool = False,
         note: str | None = None,
+        below: list[str] | None = None,
     ) -> str:
         """One screen for a terminal of ``width`` x ``height``; ``note`` (which sample of a log
-        this is) goes under the header."""
+        this is) goes under the header, ``below`` (the open incidents) under the GPUs, cut to
+        the room the GPUs leave."""
         shown = dataclasses.replace(snap, events=self.remember(snap))
         room = max(1, height - 1)  # the cursor's line after the last one
         extra = [note] if note else []
+        block = ["", *below] if below else []
         if not self.compact:
             full = _noted(render_table(shown, width=width, colour=colour).splitlines(), extra)
-            if len(full) <= room:
-                return "\n".join(fit(line, width) for line in full)
-        lines = compact_lines(shown, width=width, height=max(1, room - len(extra)), colour=colour)
-        return "\n".join(fit(line, width) for line in _noted(lines, extra))
+            if len(full) + len(block) <= room:
+                return "\n".join(fit(line, width) for line in full + block)
+        # The header and one line per GPU come first; the incidents get what is left.
+        block = _cut(block, room - len(extra) - 1 - len(shown.gpus))
+        height = max(1, room - len(extra) - len(block))
+        lines = compact_lines(shown, width=width, height=height, colour=colour)
+        return "\n".join(fit(line, width) for line in _noted(lines, extra) + block)
+
+
+def _cut(block: list[str], room: int) -> list[str]:
+    """``block`` (a blank line, a title, then lines) in at most ``room`` lines."""
+    if len(block) <= room:
+        return block
+    if room < 3:
+        return []
+    return [*block[: room - 1], f"  … {len(block) - (room - 1)} more lines (a taller terminal)"]
 
 
 def _noted(lines: list[str], extra: list[str]) -> list[str]:

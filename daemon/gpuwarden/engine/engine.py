@@ -26,7 +26,7 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from gpuwarden.config import Config
@@ -38,7 +38,7 @@ from gpuwarden.engine.planner import Planner
 from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.engine.restore import restore_incident
 from gpuwarden.engine.scopes import SCOPES, Scope, gpu_key
-from gpuwarden.model import Intent, Outcome, RuleChange, Snapshot
+from gpuwarden.model import Hold, Intent, NextStep, Outcome, RuleChange, Silence, Snapshot
 from gpuwarden.playbook.fields import tick_env
 from gpuwarden.playbook.loader import PlaybookSet
 
@@ -147,6 +147,57 @@ class Engine:
     @property
     def incidents(self) -> list[Incident]:
         return self._lifecycle.open_incidents()
+
+    # -- what people on call say (read from the journal by the run loop each tick) ---------
+
+    def hold(self, incident_id: str, until: float | None = None, note: str = "") -> None:
+        """No further step of the incident runs until ``release`` or ``until`` (a step already
+        running finishes); each step that comes due meanwhile waits, recorded as ``held``."""
+        self._ladder.holds[incident_id] = Hold(incident_id, until, note)
+
+    def release(self, incident_id: str) -> None:
+        """The incident's ladder goes on: a step that came due while held runs at this tick."""
+        self._ladder.holds.pop(incident_id, None)
+
+    @property
+    def holds(self) -> dict[str, Hold]:
+        return dict(self._ladder.holds)
+
+    def silence(self, silences: Iterable[Silence]) -> None:
+        """The silences in force from now on (replacing those given before)."""
+        self._ladder.silences = tuple(silences)
+
+    def silenced(self, now: float) -> set[str]:
+        """The open incidents an active silence matches."""
+        ladder = self._ladder
+        return {i.id for i in self.incidents if ladder.silence_of(i.rule, i, now) is not None}
+
+    def abort(self, incident_id: str, now: float, detail: str = "") -> RuleChange | None:
+        """A person ends the incident: it resolves with ``ABORTED`` (``detail``: who and why)
+        and its scope does not fire again until its condition has cleared (see
+        ``Lifecycle.abort``). None when the engine has no such open incident."""
+        found = self._lifecycle.find(incident_id)
+        if found is None:
+            return None
+        name, state = found
+        rule = self.playbooks.rule(name)
+        if rule is None:
+            return None
+        self._ladder.holds.pop(incident_id, None)
+        return self._lifecycle.abort(rule, state, now, detail)
+
+    def next_steps(self, now: float, *, plan: Container[str] | None = None) -> list[NextStep]:
+        """For every open incident, what its ladder does next (``Ladder.preview``): the due
+        step, its time, what keeps it waiting and the targets the planner would choose now,
+        from what the last ``step`` saw. Changes nothing. ``plan``: the incidents whose
+        targets are planned (None: all; planning a step costs about as much as running it)."""
+        out: list[NextStep] = []
+        for incident in self.incidents:
+            rule = self.playbooks.rule(incident.rule)
+            if rule is not None:
+                wanted = plan is None or incident.id in plan
+                out.append(self._ladder.preview(rule, incident, now, plan=wanted))
+        return out
 
     def ack(self, incident_id: str) -> None:
         """A person took over the incident: a rule with ``pause_on_ack`` runs no further step

@@ -24,10 +24,13 @@ class Incident:
     next_step: int = 0
     running: dict[int, str] = field(default_factory=dict)  # step index -> intent id
     finished: set[int] = field(default_factory=set)
-    waiting_noted: int = -1
+    waiting_noted: tuple[int, str] | None = None  # (step index, why) last noted as waiting
     # (step kind, pid, start time) of every process a step of this incident chose
     targeted: set[tuple[str, int, float | None]] = field(default_factory=set)
     event: Any = None
+    # What the ladder last saw of the incident (its scope, that scope's environment, whether
+    # `when` held): what ``Ladder.preview`` plans the next step on. Replaced every tick.
+    seen: tuple[Any, Any, bool] | None = None
 
 
 @dataclass
@@ -38,6 +41,8 @@ class ScopeState:
     cooldown_until: float = 0.0
     cooldown_noted: bool = False
     label: str = ""
+    # Aborted by a person: the scope does not fire again until `when` has been false once.
+    stood_down: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Collection
 
 from gpuwarden.engine.incident import Incident, ScopeState, stamp
-from gpuwarden.engine.ladder import Env, Ladder, Records, ladder_done
+from gpuwarden.engine.ladder import Env, Ladder, Records, ladder_done, silence_note
 from gpuwarden.engine.scopes import Scope
 from gpuwarden.model import Reason, RuleChange, Snapshot, Transition
 from gpuwarden.playbook.loader import CompiledRule, Show
@@ -85,6 +85,21 @@ class Lifecycle:
             del self.states[rule]
         return closed
 
+    def find(self, incident_id: str) -> tuple[str, ScopeState] | None:
+        """The rule and scope state of the open incident ``incident_id``."""
+        for rule, states in self.states.items():
+            for state in states.values():
+                if state.incident is not None and state.incident.id == incident_id:
+                    return rule, state
+        return None
+
+    def abort(self, rule: CompiledRule, state: ScopeState, now: float, detail: str) -> RuleChange:
+        """A person ended the incident of ``state`` (``gpuwarden abort``): it resolves with
+        ``ABORTED`` and, unless the rule is one-shot, its scope stands down until `when` has
+        been false once, so that the same condition does not fire it again at once."""
+        state.stood_down = not rule.one_shot
+        return self._resolve(rule, state, now, Reason.ABORTED, [], detail=detail)
+
     # -- one rule in one tick ---------------------------------------------------------------
 
     def evaluate(
@@ -140,7 +155,9 @@ class Lifecycle:
                         where=state.label,
                     )
                 )
-            if state.phase == "inactive" and state.cooldown_until <= now:
+            if state.stood_down and key not in present:
+                state.stood_down = False  # the scope went away: it starts afresh
+            if state.phase == "inactive" and state.cooldown_until <= now and not state.stood_down:
                 del states[key]
 
     def advance_open(
@@ -207,6 +224,10 @@ class Lifecycle:
         intents: Records,
     ) -> None:
         name = rule.name
+        if state.stood_down:
+            if holds:
+                return  # aborted by a person: fires again only once `when` has cleared
+            state.stood_down = False
         if not holds:
             if state.phase == "pending":
                 state.phase = "inactive"
@@ -303,6 +324,8 @@ class Lifecycle:
         )
         state.incident = incident
         values = read_values(rule.shows, env)
+        silence = self.ladder.silence_of(rule.name, incident, now)
+        silenced = "" if silence is None else f"silenced: {silence_note(silence)}"
         changes.append(
             RuleChange(
                 Transition.FIRING,
@@ -311,8 +334,8 @@ class Lifecycle:
                 now,
                 reason,
                 incident.id,
+                "; ".join(part for part in (silenced, values_text(values)) if part),
                 where=scope.label,
-                detail=values_text(values),
                 values=values,
             )
         )
@@ -337,7 +360,8 @@ class Lifecycle:
         reason: Reason,
         changes: Records,
         values: tuple[tuple[str, object], ...] = (),
-    ) -> None:
+        detail: str = "",
+    ) -> RuleChange:
         incident = state.incident
         assert incident is not None
         self.ladder.forget(incident)
@@ -345,19 +369,19 @@ class Lifecycle:
         state.incident = None
         state.cooldown_until = now + rule.spec.cooldown
         state.cooldown_noted = False
-        changes.append(
-            RuleChange(
-                Transition.RESOLVED,
-                rule.name,
-                incident.scope,
-                now,
-                reason,
-                incident.id,
-                where=incident.label,
-                detail=values_text(values),
-                values=values,
-            )
+        change = RuleChange(
+            Transition.RESOLVED,
+            rule.name,
+            incident.scope,
+            now,
+            reason,
+            incident.id,
+            detail or values_text(values),
+            where=incident.label,
+            values=values,
         )
+        changes.append(change)
+        return change
 
 
 def read_values(shows: tuple[Show, ...], env: Env) -> tuple[tuple[str, object], ...]:

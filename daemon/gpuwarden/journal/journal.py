@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.errors import UsageError
+from gpuwarden.journal.control import ControlStore
 from gpuwarden.journal.records import (
     IncidentFacts,
     insert,
@@ -94,7 +95,7 @@ __all__ = [
 FILENAME = "journal.db"
 
 
-class Journal:
+class Journal(ControlStore):
     """The journal file. ``Journal(path)`` opens it for the daemon, creating (mode 0600) and
     migrating it; ``Journal.open_readonly(path)`` opens it for the views and changes nothing;
     ``Journal.open_writer(path)`` opens an existing journal for a command that writes beside
@@ -378,19 +379,6 @@ class Journal:
             return read_rule(conn, incident_id)
 
     # -- upkeep -----------------------------------------------------------------------------
-
-    def ack(self, incident_id: str, now: float) -> bool:
-        """Someone acknowledged the incident; False when unknown or already acknowledged."""
-        with self._tx() as conn:
-            row = conn.execute(
-                "SELECT rule, scope FROM incidents WHERE id = ? AND acked_at IS NULL",
-                (incident_id,),
-            ).fetchone()
-            if row is None:
-                return False
-            conn.execute("UPDATE incidents SET acked_at = ? WHERE id = ?", (now, incident_id))
-            insert(conn, (incident_id, row[0], row[1]), now, now, "ack", "acknowledged", {})
-            return True
 
     def prune(self, before: float) -> int:
         """Forget incidents resolved before ``before`` (their records, intents and undos),

@@ -246,6 +246,8 @@ def write_intent(conn: sqlite3.Connection, intent: Intent, now: float, run: str)
     )
     step = {**head, "targets": targets, "params": params, "shadow": intent.shadow}
     step["gpu"] = intent.gpu
+    if intent.silenced:
+        step["silenced"] = redact_text(intent.silenced)
     insert(conn, where, intent.time, now, "step", str(intent.reason), step, *ids)
     for skipped in intent.skipped:
         skip = {**head, "target": target_dict(skipped.target)}

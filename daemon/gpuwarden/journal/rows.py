@@ -18,7 +18,8 @@ _INCIDENTS = """
     SELECT i.id, i.rule, i.scope, i.label, i.severity, i.shadow, i.gpu, i.opened_at,
         i.pending_at, i.resolved_at, i.resolve_reason, i.acked_at,
         (SELECT count(*) FROM intents WHERE incident = i.id) AS steps,
-        (SELECT count(*) FROM intents WHERE incident = i.id AND status = 'failed') AS failed
+        (SELECT count(*) FROM intents WHERE incident = i.id AND status = 'failed') AS failed,
+        i.acked_by, i.ack_comment, i.abort_at, i.abort_by
     FROM incidents AS i"""
 _INTENTS = """
     SELECT id, incident, rule, scope, step_index, kind, label, time, reason, shadow, targets,
@@ -49,6 +50,10 @@ class IncidentRow:
     acked_at: float | None = None
     steps: int = 0  # steps planned (intents written)
     steps_failed: int = 0
+    acked_by: str | None = None  # `ack --by`
+    ack_comment: str | None = None
+    abort_at: float | None = None  # when `gpuwarden abort` asked (the daemon ends it)
+    abort_by: str | None = None
 
     @property
     def open(self) -> bool:
@@ -152,6 +157,10 @@ def incident_row(row: tuple[Any, ...]) -> IncidentRow:
         acked_at=row[11],
         steps=row[12],
         steps_failed=row[13],
+        acked_by=row[14],
+        ack_comment=row[15],
+        abort_at=row[16],
+        abort_by=row[17],
     )
 
 

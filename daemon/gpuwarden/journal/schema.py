@@ -4,8 +4,8 @@ Schema history lives in ``MIGRATIONS``, one entry per version; ``PRAGMA user_ver
 which version a file has, ``PRAGMA application_id`` that it is a gpuwarden journal at all.
 To change the schema, append a migration and never edit one that has shipped::
 
-    Migration(2, "incidents remember who acknowledged them",
-              ddl("ALTER TABLE incidents ADD COLUMN acked_by TEXT")),
+    Migration(5, "incidents remember their ticket",
+              ddl("ALTER TABLE incidents ADD COLUMN ticket TEXT")),
 
 Opening a journal applies every migration above the file's version in one transaction; a file
 written by a newer gpuwarden is refused, never downgraded. Whatever goes wrong with the file
@@ -18,8 +18,9 @@ that no command can break the daemon's write-ahead log:
 - ``READ`` (``incidents``, ``incident``, ``outbox``, ``cloud``): ``mode=ro`` and
   ``query_only``; the file must exist at exactly this version. Never changes the journal mode,
   never checkpoints, never deletes ``-wal``/``-shm``.
-- ``WRITE`` (``ack``, ``reset-breaker``, ``cloud reap``, and the daemon's own outbox and
-  instance connections): the file must exist at exactly this version; it is written in short
+- ``WRITE`` (``ack``, ``hold``, ``release``, ``abort``, ``silence``, ``reset-breaker``,
+  ``cloud reap``, the daemon's own outbox and instance connections, and its control socket):
+  the file must exist at exactly this version; it is written in short
   ``BEGIN IMMEDIATE`` transactions with ``synchronous=FULL``, waiting up to ``timeout`` for the
   daemon's lock (SQLite's busy handler). It never creates, migrates or changes the journal mode.
 - ``OWN`` (the daemon, which holds the state directory's lock, and a drill's scratch file):
@@ -255,11 +256,50 @@ _V4 = ddl(
     )""",
 )
 
+_V5 = ddl(
+    "ALTER TABLE incidents ADD COLUMN acked_by TEXT",
+    "ALTER TABLE incidents ADD COLUMN ack_comment TEXT",
+    "ALTER TABLE incidents ADD COLUMN abort_at REAL",  # when `gpuwarden abort` asked
+    "ALTER TABLE incidents ADD COLUMN abort_by TEXT",
+    "ALTER TABLE incidents ADD COLUMN abort_reason TEXT",
+    """CREATE TABLE holds (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        incident TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        until REAL,                 -- NULL: until released
+        by TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        released_at REAL,
+        released_by TEXT            -- a person, or 'expired' (until passed)
+    )""",
+    "CREATE INDEX holds_open ON holds (released_at, incident)",
+    """CREATE TABLE silences (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        rule TEXT,                  -- NULL: any rule
+        gpu INTEGER,                -- NULL: any GPU
+        host INTEGER NOT NULL DEFAULT 0,  -- 1: everything on this host
+        created_at REAL NOT NULL,
+        starts_at REAL NOT NULL,
+        ends_at REAL NOT NULL,
+        by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        ended_at REAL,              -- `silence --end` before ends_at
+        ended_by TEXT
+    )""",
+    "CREATE INDEX silences_ends ON silences (ends_at)",
+    """CREATE TABLE next_steps (
+        incident TEXT PRIMARY KEY,  -- an open incident
+        computed_at REAL NOT NULL,
+        data TEXT NOT NULL          -- JSON: the step, its due time, its would-be targets
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "incidents, records, intents, undos, actions, breaker", _V1),
     Migration(2, "the notification outbox", _V2),
     Migration(3, "cloud instances gpuwarden launched or adopted", _V3),
     Migration(4, "GPU samples around incidents and the rules they fired on, for reports", _V4),
+    Migration(5, "on call: who acked, holds, aborts, silences, each incident's next step", _V5),
 )
 
 
@@ -441,6 +481,19 @@ def _create(path: Path) -> None:
     os.close(fd)
 
 
+def _is_file(path: Path, access: Access) -> bool:
+    try:
+        return path.is_file()
+    except PermissionError:
+        who = "read" if access is Access.READ else "write to"
+        raise JournalError(
+            f"cannot {who} the journal {path}: permission denied",
+            hint="the journal is root's, and readable by the config's operators.group when "
+            "it is set: run as root, or ask to be added to that group (docs/operations.md, "
+            '"On call")',
+        ) from None
+
+
 def check_wal(conn: sqlite3.Connection, path: Path) -> None:
     """A writer's journal must already be in WAL mode (the daemon set it when it created the
     file). Asked, never set: changing the mode needs the file to itself."""
@@ -468,7 +521,7 @@ def connect(
     if access is Access.OWN:
         _create(path)
         target, uri = str(path), False
-    elif not path.is_file():
+    elif not _is_file(path, access):
         raise _missing(path, access)
     else:
         mode = "ro" if access is Access.READ else "rw"  # rw: never creates the file

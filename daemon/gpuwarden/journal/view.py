@@ -10,7 +10,8 @@ durations seconds; a value never known is ``null``.
 ``incidents_json`` is a list of incident objects::
 
     {"id", "rule", "scope", "where", "severity", "shadow", "gpu",
-     "pending_at", "opened_at", "resolved_at", "resolve_reason", "acked_at",
+     "pending_at", "opened_at", "resolved_at", "resolve_reason", "acked_at", "acked_by",
+     "ack_comment", "abort_at" (an abort asked), "abort_by",
      "open": bool, "duration_s": seconds from firing to resolution (null while open),
      "steps": steps planned, "steps_failed"}
 
@@ -39,7 +40,10 @@ already recorded, not run twice); ``finished`` (``ok``, ``recoverable``, ``detai
 ``dry_run``; ``reason`` is the status); ``outcome`` (one target: ``pid``, ``create_time``,
 ``ok``, ``state``, ``detail``); ``undo`` (``undo_id``, ``pid``, ``gpu``, ``value``,
 ``ionice``; ``reason`` is the undo kind); ``undone`` (``undo_id``, ``undo``, ``pid``;
-``reason`` is the result); ``interrupted`` (in flight when the daemon stopped); ``ack``.
+``reason`` is the result); ``interrupted`` (in flight when the daemon stopped); and what people
+on call said: ``ack`` (``by``, ``comment``), ``hold`` (``by``, ``until``, ``reason_text``),
+``release`` (``by``; ``reason`` ``released`` or ``expired``), ``abort`` (``by``,
+``reason_text``). A ``step`` of a silenced incident has ``silenced`` (which silence).
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ def incident_dict(row: IncidentRow) -> dict[str, Any]:
         "resolved_at": _iso(row.resolved_at),
         "resolve_reason": row.resolve_reason,
         "acked_at": _iso(row.acked_at),
+        "acked_by": row.acked_by,
+        "ack_comment": row.ack_comment,
+        "abort_at": _iso(row.abort_at),
+        "abort_by": row.abort_by,
         "open": row.open,
         "duration_s": row.duration(),
         "steps": row.steps,
@@ -265,6 +273,8 @@ def _line(row: TimelineRow) -> tuple[str, list[str]]:
         return f"{kind.upper():<9} {_words(row.reason)}{detail}", []
     if kind == "step":
         shadow = " [shadow: not acted on]" if data.get("shadow") else ""
+        if data.get("silenced"):
+            shadow = f" [silenced {_text(data['silenced'])}: not acted on]"
         head = f"STEP {row.step}: {label} ({_words(row.reason)})"
         targets = data.get("targets") or []
         lines = [f"target  {_who(t)}" for t in targets]
@@ -295,9 +305,27 @@ def _line(row: TimelineRow) -> tuple[str, list[str]]:
         )
     if kind == "interrupted":
         return f"INTERRUPTED {row.step}: {label} (the daemon stopped while it ran)", []
+    if kind in PEOPLE:
+        return f"{kind.upper():<9} {_said(row)}", []
     if kind == "refused":
         return f"REFUSED {row.step}: {label} ({_words(row.reason)}: never run twice)", []
     return f"{_text(kind).upper()} {_words(row.reason)}", []
+
+
+PEOPLE = frozenset({"ack", "hold", "release", "abort"})  # what people on call said
+
+
+def _said(row: TimelineRow) -> str:
+    """An ``ack``/``hold``/``release``/``abort`` record: who, until when, why."""
+    data = row.data
+    if row.kind == "release" and row.reason == "expired":
+        return f"the hold by {_text(data.get('by'))} expired"
+    text = f"by {_text(data.get('by') or '?')}"
+    if row.kind == "hold":
+        until = data.get("until")
+        text += f" until {iso(until)}" if isinstance(until, int | float) else " until released"
+    why = data.get("reason_text") or data.get("comment")
+    return text + (f": {_text(why)}" if why else "")
 
 
 def render_timeline(
@@ -327,7 +355,11 @@ def render_timeline(
     failed = f" ({incident.steps_failed} failed)" if incident.steps_failed else ""
     lines.append(f"  steps     {incident.steps}{failed}")
     if incident.acked_at is not None:
-        lines.append(f"  acked     {iso(incident.acked_at)}")
+        by = f" by {_text(incident.acked_by)}" if incident.acked_by else ""
+        note = f": {_text(incident.ack_comment)}" if incident.ack_comment else ""
+        lines.append(f"  acked     {iso(incident.acked_at)}{by}{note}")
+    if incident.abort_at is not None and incident.open:
+        lines.append(f"  abort     asked {iso(incident.abort_at)} by {_text(incident.abort_by)}")
     lines.append("")
     pad = " " * (len(iso(opened)) + 2)
     for row in rows:

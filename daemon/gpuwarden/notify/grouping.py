@@ -9,8 +9,8 @@ message) are batched and go out at most once every ``group_interval`` as one ``s
 message. When the last incident of the group has resolved, one ``resolve`` message closes the
 group (still no sooner than ``group_interval`` after the previous message); the next incident
 of the rule starts a new group. While an incident of an announced group is open and not
-acknowledged, a ``reminder`` goes out every ``repeat`` seconds after the group's last message
-(``repeat`` 0: never).
+acknowledged nor silenced (``muted``), a ``reminder`` goes out every ``repeat`` seconds after
+the group's last message (``repeat`` 0: never).
 
 A destructive step's change waits for its outcome (so the message says what happened), but
 no longer than ``group_interval``; after that it goes out as "in progress".
@@ -136,6 +136,7 @@ class Grouper:
         self._groups: dict[str, _Group] = {}  # rule -> its open group
         self._member_of: dict[str, _Group] = {}  # incident id -> group
         self._seen: dict[str, Member] = {}  # fired incidents not (yet) in a group
+        self.muted: frozenset[str] = frozenset()  # incidents under a silence: no reminders
 
     # -- what happened ----------------------------------------------------------------------
 
@@ -305,7 +306,10 @@ class Grouper:
             not final
             and timing.repeat > 0
             and now >= group.last_sent + timing.repeat
-            and any(m.resolved is None and not m.acked for m in group.members.values())
+            and any(
+                m.resolved is None and not m.acked and m.incident not in self.muted
+                for m in group.members.values()
+            )
         ):
             out.append(self._notice(group, "reminder", now, told, (), None))
         return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gpuwarden.config import Config
 from gpuwarden.model import Intent, Outcome, RuleChange, Transition
@@ -182,6 +182,10 @@ class Notifier:
     def ack(self, incident: str, now: float) -> bool:
         """A person took over ``incident``: no more reminders about it. False: not known."""
         return self.grouper.ack(incident)
+
+    def mute(self, incidents: Iterable[str]) -> None:
+        """The incidents a silence covers now: no reminders about them (replaces the set)."""
+        self.grouper.muted = frozenset(incidents)
 
     def admin(self, title: str, body: str, now: float, *, severity: str = "warning") -> bool:
         """A message to the admin target (reload failures, breaker trips); False: none set."""

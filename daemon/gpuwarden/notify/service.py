@@ -258,6 +258,9 @@ class Notifications:
     def ack(self, incident: str, now: float) -> bool:
         return self.notifier.ack(incident, now)
 
+    def mute(self, incidents: Iterable[str]) -> None:
+        self.notifier.mute(incidents)
+
     def tell(
         self,
         targets: Sequence[str],
