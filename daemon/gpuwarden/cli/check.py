@@ -220,7 +220,7 @@ def silent_rules(
                 Problem(
                     rule.file,
                     rule.line,
-                    None,
+                    rule.col,
                     f"rule {rule.name!r} can {kinds} and has no notify step: nobody is told",
                     hint="add `- notify: TARGET` as its first step",
                 )
@@ -231,20 +231,10 @@ def silent_rules(
                 Problem(
                     rule.file,
                     rule.line,
-                    None,
+                    rule.col,
                     f"rule {rule.name!r} can {kinds}, and its notification target"
                     f"{'s' if len(dark) > 1 else ''} {', '.join(map(repr, dark))} cannot be "
-                    "resolved",
-                )
-            )
-    for why in why_not.values():
-        if why is not None:
-            problems.append(
-                Problem(
-                    config_file,
-                    None,
-                    None,
-                    why,
+                    "resolved: " + "; ".join(str(unresolved(t)) for t in dark),
                     hint="put the secret in place (gpuwarden doctor names it too); until then "
                     "keep mode: shadow, or accept silent rules with --allow-silent",
                 )

@@ -67,6 +67,7 @@ class CompiledRule:
     # ("the value that met the condition"), evaluated only when the rule changes state.
     shows: tuple[Show, ...] = ()
     until_shows: tuple[Show, ...] = ()
+    col: int | None = None  # where the rule starts in its file, beside ``line``
     # The rule's name, read for every evaluation: a plain attribute, not the model's.
     name: str = field(init=False)
 

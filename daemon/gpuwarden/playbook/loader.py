@@ -137,7 +137,7 @@ class _FileCompiler:
         steps = [self.step((*at, "steps", i), i, step, rule) for i, step in enumerate(rule.steps)]
         if when is None or (rule.until and until is None) or any(s is None for s in steps):
             return None
-        line, _ = self.located.where(at)
+        line, col = self.located.where(at)
         return CompiledRule(
             rule,
             self.located.file,
@@ -149,6 +149,7 @@ class _FileCompiler:
             tuple(s for s in steps if s is not None),
             self.shows(when, roots),
             self.shows(until, roots) if until is not None else (),
+            col=col,
         )
 
     def shows(self, condition: Compiled, roots: frozenset[str]) -> tuple[Show, ...]:
