@@ -14,20 +14,14 @@ Whatever goes wrong with the file becomes a ``JournalError`` that names it and s
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
-import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.cloud.instance import ENDED_STATES, GONE, LIVE_STATES, Managed
 from gpuwarden.journal.schema import (
-    Access,
     JournalError,
-    connect,
-    errors,
-    transaction,
 )
+from gpuwarden.journal.store import StoreFile
 
 KNOWN_STATES: frozenset[str] = frozenset((*LIVE_STATES, *ENDED_STATES, GONE))
 _ENDINGS: frozenset[str] = frozenset((*ENDED_STATES, GONE))
@@ -97,56 +91,16 @@ def _values(m: Managed) -> tuple[object, ...]:
     )
 
 
-class InstanceStore:
+class InstanceStore(StoreFile):
     """The ``instances`` table of the journal at ``path``. ``InstanceStore.open(path)`` creates
     (mode 0600) and migrates the file; ``InstanceStore.open_writer(path)`` writes an existing
     journal (the daemon's store, ``cloud reap``); ``InstanceStore.open_readonly(path)``
     changes nothing and refuses every write. ``timeout`` is how long a call waits for another
     process's lock."""
 
-    def __init__(self, path: Path, *, timeout: float = 5.0, access: Access = Access.OWN) -> None:
-        self.path = Path(path)
-        self.timeout = timeout
-        self.access = access
-        self._lock = threading.Lock()
-        self._conn = self._open()
-
     @classmethod
     def open(cls, path: Path, *, timeout: float = 5.0) -> InstanceStore:
         return cls(path, timeout=timeout)
-
-    @classmethod
-    def open_writer(cls, path: Path, *, timeout: float = 5.0) -> InstanceStore:
-        return cls(path, timeout=timeout, access=Access.WRITE)
-
-    @classmethod
-    def open_readonly(cls, path: Path, *, timeout: float = 5.0) -> InstanceStore:
-        return cls(path, timeout=timeout, access=Access.READ)
-
-    @property
-    def readonly(self) -> bool:
-        return self.access is Access.READ
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> InstanceStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- the file ---------------------------------------------------------------------------
-
-    def _open(self) -> sqlite3.Connection:
-        return connect(self.path, timeout=self.timeout, access=self.access)
-
-    def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
-        return errors(self.path, doing, self.timeout)
-
-    def _tx(self, *, write: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._conn, self._lock, self.path, self.timeout, write=write)
 
     # -- writing ----------------------------------------------------------------------------
 

@@ -21,9 +21,7 @@ The file format is in ``journal.schema``, what is written (and redacted) in
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -69,10 +67,8 @@ from gpuwarden.journal.schema import (
     Access,
     JournalError,
     Migration,
-    connect,
-    errors,
-    transaction,
 )
+from gpuwarden.journal.store import StoreFile
 from gpuwarden.model import Intent, Outcome, RuleChange
 
 __all__ = [
@@ -95,11 +91,14 @@ __all__ = [
 FILENAME = "journal.db"
 
 
-class Journal(ControlStore):
-    """The journal file. ``Journal(path)`` opens it for the daemon, creating (mode 0600) and
-    migrating it; ``Journal.open_readonly(path)`` opens it for the views and changes nothing;
-    ``Journal.open_writer(path)`` opens an existing journal for a command that writes beside
-    a running daemon. ``timeout`` is how long a call waits for another process's lock."""
+class Journal(StoreFile, ControlStore):
+    """The journal file. ``Journal(path)`` opens it for the daemon, creating (mode 0600),
+    checking and migrating it; ``Journal.open_readonly(path)`` opens it for the views and
+    changes nothing; ``Journal.open_writer(path)`` opens an existing journal for a command
+    that writes beside a running daemon. ``timeout`` is how long a call waits for another
+    process's lock."""
+
+    integrity_on_open = True
 
     def __init__(
         self,
@@ -109,51 +108,8 @@ class Journal(ControlStore):
         migrations: Sequence[Migration] = MIGRATIONS,
         access: Access = Access.OWN,
     ) -> None:
-        self.path = Path(path)
-        self.timeout = timeout
-        self.access = access
+        super().__init__(path, timeout=timeout, migrations=migrations, access=access)
         self.run = uuid.uuid4().hex  # tells this opening's intents from an earlier run's
-        self._lock = threading.Lock()
-        self._conn = self._open(migrations)
-
-    @classmethod
-    def open_readonly(cls, path: Path, *, timeout: float = 5.0) -> Journal:
-        return cls(path, timeout=timeout, access=Access.READ)
-
-    @classmethod
-    def open_writer(cls, path: Path, *, timeout: float = 5.0) -> Journal:
-        return cls(path, timeout=timeout, access=Access.WRITE)
-
-    @property
-    def readonly(self) -> bool:
-        return self.access is Access.READ
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> Journal:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- the file ---------------------------------------------------------------------------
-
-    def _open(self, migrations: Sequence[Migration]) -> sqlite3.Connection:
-        return connect(
-            self.path,
-            timeout=self.timeout,
-            access=self.access,
-            migrations=migrations,
-            integrity=self.access is Access.OWN,
-        )
-
-    def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
-        return errors(self.path, doing, self.timeout)
-
-    def _tx(self, *, write: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._conn, self._lock, self.path, self.timeout, write=write)
 
     # -- what happens -----------------------------------------------------------------------
 

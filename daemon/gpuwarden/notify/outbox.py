@@ -22,24 +22,15 @@ URLs are never stored.
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, Protocol
 
 from gpuwarden.journal.records import cap, redact_text
 from gpuwarden.journal.schema import (
-    MIGRATIONS,
-    Access,
     JournalError,
-    Migration,
-    connect,
-    errors,
-    transaction,
 )
+from gpuwarden.journal.store import StoreFile
 
 Status = Literal["pending", "sending", "sent", "failed", "dropped"]
 STATUSES: tuple[Status, ...] = ("pending", "sending", "sent", "failed", "dropped")
@@ -129,43 +120,10 @@ def clean_error(text: str) -> str:
     return redact_text(cap(" ".join(text.split()), MAX_ERROR))
 
 
-class Outbox:
+class Outbox(StoreFile):
     """The outbox table of the journal at ``path``: created and migrated when needed
     (``Access.OWN``, a drill's scratch file), an existing journal (``Access.WRITE``), or read
     only (``Outbox.open_readonly``: every write is refused)."""
-
-    def __init__(
-        self,
-        path: Path,
-        *,
-        timeout: float = 5.0,
-        migrations: Sequence[Migration] = MIGRATIONS,
-        access: Access = Access.OWN,
-    ) -> None:
-        self.path = Path(path)
-        self.timeout = timeout
-        self._lock = threading.Lock()
-        self._conn = connect(self.path, timeout=timeout, migrations=migrations, access=access)
-
-    @classmethod
-    def open_readonly(cls, path: Path, *, timeout: float = 5.0) -> Outbox:
-        return cls(path, timeout=timeout, access=Access.READ)
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> Outbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
-        return errors(self.path, doing, self.timeout)
-
-    def _tx(self, *, write: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._conn, self._lock, self.path, self.timeout, write=write)
 
     # -- the run loop -----------------------------------------------------------------------
 
