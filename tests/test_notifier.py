@@ -17,6 +17,7 @@ from gpuwarden import config as config_module
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.model import (
+    Event,
     GpuProcess,
     GpuState,
     Intent,
@@ -330,3 +331,68 @@ def test_a_note_can_be_routed_like_the_incident_it_follows() -> None:
     assert notifier.tell(["oncall"], "k", "T", "B", "info", T0, route_as="critical") == 1
     (sent,) = notifier.due(T0)
     assert (sent.target, sent.severity) == ("oncall", "info")
+
+
+SLOW_LADDER = """rules:
+  - name: gpu-fatal-error
+    description: A GPU fell off the bus.
+    for_each: event
+    when: event.kind == "xid" and event.xid == 79
+    severity: critical
+    steps:
+      - notify: oncall
+      - after: 2m
+        checkpoint: {select: process.checkpointable}
+"""
+
+
+def _fatal_xid_messages(
+    group_wait: float, playbook: Path = ROOT / "playbooks" / "gpu-lost-fatal-xid.yaml"
+) -> list[tuple[float, Message]]:
+    """A fatal XID on GPU 0 at t=10: the event rule's ladder runs and its incident closes
+    when the last step is done (the shipped playbook: within the tick)."""
+    cfg = shipped_config(group_wait=group_wait, group_interval=60.0)
+    playbooks = load([playbook], cfg)
+    engine = Engine(playbooks, cfg)
+    descriptions = {r.name: r.spec.description for r in playbooks.rules}
+    notifier = Notifier(cfg, host=HOST, descriptions=descriptions)
+    out: list[tuple[float, Message]] = []
+    for t in range(0, 400, 2):
+        now = T0 + t
+        events = (Event("xid", now, gpu=0, xid=79, detail="fell off the bus"),) if t == 10 else ()
+        snapshot = Snapshot(HOST, now, (gpu(0, 1000),), (), events)
+        tick = engine.step(snapshot, now)
+        notifier.observe(
+            tick.records, now, incidents={i.id: {"xid": "79"} for i in engine.incidents}
+        )
+        for intent in tick.intents:
+            outcome = Outcome(ok=True, detail="nothing to checkpoint")
+            engine.complete(intent.id, outcome)
+            notifier.observe_outcome(intent, outcome, now)
+        out.extend((t, m) for m in notifier.due(now))
+    return out
+
+
+def test_a_fatal_xid_is_paged_as_critical_never_as_resolved() -> None:
+    # Its incident closed (the ladder ran) before the group wait was over: the first and only
+    # message is the page, not "[RESOLVED]".
+    sent = _fatal_xid_messages(group_wait=30.0)
+    assert [(t, m.kind) for t, m in sent] == [(40, "open")]
+    page = sent[0][1]
+    assert page.title == "[CRITICAL] GPU fatal error on gpu-node-07: GPU 0"
+    assert "RESOLVED" not in page.title
+    assert "Resolved" not in page.body
+    assert "A GPU fell off the bus" in page.body
+
+
+def test_a_fatal_xid_paged_before_its_ladder_ends_gets_an_update_not_a_resolve(
+    tmp_path: Path,
+) -> None:
+    playbook = tmp_path / "slow.yaml"
+    playbook.write_text(SLOW_LADDER)
+    sent = _fatal_xid_messages(0.0, playbook)
+    assert [(t, m.kind) for t, m in sent] == [(10, "open"), (130, "step")]
+    update = sent[1][1]
+    assert update.title == "[CRITICAL] GPU fatal error on gpu-node-07: GPU 0 (update)"
+    assert "GPU 0 handled: its ladder has run" in update.body
+    assert "resolved" not in update.body.lower()

@@ -53,6 +53,9 @@ class Member:
     facts: tuple[tuple[str, str], ...] = ()
     acked: bool = False
     resolved: float | None = None
+    # Closed because its ladder ran (an event or scheduled rule), not because the condition
+    # cleared: a fatal XID is handled, not resolved, and no message may say otherwise.
+    handled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,14 +198,16 @@ class Grouper:
             group.in_progress.discard(intent.id)
             group.steps.append(_Step(intent, outcome, intent.time))
 
-    def resolved(self, incident: str, now: float) -> None:
+    def resolved(self, incident: str, now: float, *, handled: bool = False) -> None:
+        """An incident closed; ``handled``: because its ladder ran (a one-shot rule), so its
+        messages never call it resolved."""
         self._seen.pop(incident, None)
         group = self._member_of.get(incident)
         if group is None or incident not in group.members:
             return
         member = group.members[incident]
         if member.resolved is None:
-            group.members[incident] = replace(member, resolved=now)
+            group.members[incident] = replace(member, resolved=now, handled=handled)
             group.resolved.append(incident)
 
     def ack(self, incident: str) -> bool:
@@ -276,12 +281,14 @@ class Grouper:
         if not group.targets:
             return []
         done = all(m.resolved is not None for m in group.members.values())
+        # Every incident closed because its ladder ran: what happened is news, not a recovery.
+        handled = done and all(m.handled for m in group.members.values())
         if not group.announced:
             if not final and now < group.created + timing.group_wait:
                 return []
             group.announced = True
             group.told.update(group.targets)
-            kind = "resolve" if done else "open"
+            kind = "resolve" if done and not handled else "open"
             steps = self._take_steps(group, now, timing, everything=done or final)
             return [self._notice(group, kind, now, tuple(group.targets), steps, group.template)]
         out: list[Notice] = []
@@ -297,7 +304,9 @@ class Grouper:
         group.notes.clear()
         steps = self._take_steps(group, now, timing, everything=done or final)
         if done:
-            out.append(self._notice(group, "resolve", now, told, steps, None))
+            out.append(
+                self._notice(group, "step" if handled else "resolve", now, told, steps, None)
+            )
         elif steps or group.joined or group.resolved:
             out.append(self._notice(group, "step", now, told, steps, None))
         elif out:

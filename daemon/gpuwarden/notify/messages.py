@@ -314,7 +314,11 @@ def notice_facts(
     head = ids[0] if ids else ""
     by_id = {m.incident: m for m in members}
     changes = [f"{by_id[i].where} joined" for i in notice.joined if i in by_id]
-    changes += [f"{by_id[i].where} resolved" for i in notice.resolved if i in by_id]
+    changes += [
+        f"{by_id[i].where} {'handled: its ladder has run' if by_id[i].handled else 'resolved'}"
+        for i in notice.resolved
+        if i in by_id
+    ]
     still = [m.where for m in members if m.resolved is None]
     if notice.resolved and still and notice.kind == "step":
         changes.append(f"still open: {where_list(still)}")
@@ -325,7 +329,9 @@ def notice_facts(
         if step.intent.incident in by_id
     ]
     values = [
-        line for m in shown if m.resolved is None and (line := values_line(m.where, dict(m.facts)))
+        line
+        for m in shown
+        if (m.resolved is None or m.handled) and (line := values_line(m.where, dict(m.facts)))
     ]
     facts: dict[str, str] = {}
     if shown:

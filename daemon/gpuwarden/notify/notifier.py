@@ -25,7 +25,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gpuwarden.config import Config
-from gpuwarden.model import Intent, Outcome, RuleChange, Transition
+from gpuwarden.model import Intent, Outcome, Reason, RuleChange, Transition
 from gpuwarden.notify import routing
 from gpuwarden.notify.grouping import Grouper, Notice, Timing
 from gpuwarden.notify.messages import (
@@ -114,7 +114,8 @@ class Notifier:
                 if record.kind == Transition.FIRING:
                     self.grouper.fired(record.incident, record.rule, record.where, record.time)
                 elif record.kind == Transition.RESOLVED:
-                    self.grouper.resolved(record.incident, record.time)
+                    handled = record.reason == Reason.LADDER_DONE
+                    self.grouper.resolved(record.incident, record.time, handled=handled)
                     self._owners.pop(record.incident, None)
             elif record.shadow:
                 continue
