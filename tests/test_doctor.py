@@ -292,3 +292,41 @@ def test_render_and_exit_codes() -> None:
     assert doctor.exit_code([ok]) == 0
     assert doctor.exit_code([ok, warn]) == 0
     assert doctor.exit_code([ok, warn, fail]) == 1
+
+
+def test_doctor_names_the_daemon_that_holds_the_state_dir(tmp_path: Path) -> None:
+    config, _ = write_setup(tmp_path)
+    state = tmp_path / "state"
+    doctor_cmd = [sys.executable, "-m", "gpuwarden", "doctor", "--config", str(config), "--json"]
+
+    def daemon_line() -> str:
+        done = subprocess.run(doctor_cmd, check=False, capture_output=True, text=True, timeout=60)
+        found = {f["check"]: f for f in json.loads(done.stdout)}
+        assert found["daemon"]["severity"] == "ok"
+        return str(found["daemon"]["detail"])
+
+    assert daemon_line().startswith("no gpuwarden daemon holds")
+    # A real process takes the lock the way `gpuwarden run` does and keeps it.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path;"
+            "from gpuwarden.journal.lock import StateLock;"
+            "StateLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)",
+            str(state),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        line = daemon_line()
+        assert line.startswith(f"pid {holder.pid} (python")
+        assert str(state / "journal.lock") in line
+    finally:
+        holder.kill()
+        holder.wait()
+    # The kernel dropped the lock with its holder; asking never took it.
+    assert daemon_line().startswith("no gpuwarden daemon holds")

@@ -15,8 +15,11 @@ from typing import Any
 
 from gpuwarden import config as config_file
 from gpuwarden.cli import common as cli_common
+from gpuwarden.cli.findings import ok
 from gpuwarden.cli.selfcheck import Finding, blocking, run_checks
 from gpuwarden.config import Config
+from gpuwarden.journal.lock import LOCK_NAME, holder
+from gpuwarden.text import safe_text
 
 _LABEL = {"ok": "ok  ", "warning": "WARN", "error": "FAIL"}
 
@@ -80,12 +83,26 @@ def setup_findings(
     )
 
 
+def daemon_finding(state_dir: Path) -> Finding:
+    """Whether a daemon runs on ``state_dir``, and which: the holder of its lock."""
+    pid = holder(state_dir)
+    lock = state_dir / LOCK_NAME
+    if pid is None:
+        return ok("daemon", f"no gpuwarden daemon holds {lock}: nothing acts on this state_dir")
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        name = "?"
+    return ok("daemon", f"pid {pid} ({safe_text(name)}) holds {lock}: a daemon runs here")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     found = cli_common.config_path(args.config)
     cfg = config_file.Config() if found is None else config_file.load(found)
     checked = setup_findings(
         args, cfg, cli_common.playbook_paths(None, cfg), found, parse_urls=True
     )
+    checked.append(daemon_finding(cli_common.state_dir(args, cfg)))
     if args.json:
         print(json.dumps(as_json(checked), indent=2))
     else:

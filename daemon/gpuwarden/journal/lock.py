@@ -91,6 +91,26 @@ class StateLock:
         self.release()
 
 
+def holder(state_dir: Path, locks: Path = Path("/proc/locks")) -> int | None:
+    """The PID holding ``state_dir``'s lock as the kernel reports it (``/proc/locks``), without
+    taking it: asking never gets in the way of a daemon starting. None when no process holds
+    it, or the lock file or the kernel's table cannot be read."""
+    try:
+        st = (Path(state_dir) / LOCK_NAME).stat()
+        table = locks.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 4242 00:1f:123456 0 EOF" (a waiter's line has "->")
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and "->" not in fields[:2]:
+            pid, where = fields[4], fields[5]
+            if where.lower() == wanted and pid.isdigit():
+                return int(pid)
+    return None
+
+
 def _holder(fd: int) -> int | None:
     """The PID the holder wrote into the lock file, when it reads as one."""
     try:
