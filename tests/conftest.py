@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.local_users import LocalUsers
-from tests.system_users import SystemUser, created_users, unavailable
+from tests.system_users import User, created_users, unavailable
 
 
 @functools.cache
@@ -41,16 +40,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def local_users() -> Iterator[LocalUsers]:
-    """Two real users for the whole session, a job owner and an attacker, made with useradd
-    and removed at the end (with whatever processes the tests left running as them)."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd to create the users")
-    users = LocalUsers.create(suffix=str(os.getpid() % 1_000_000))
-    try:
+def session_users() -> Iterator[dict[str, User]]:
+    """The session's real unprivileged users, made with useradd on first use and removed at
+    the end (with whatever processes the tests left running as them): ``victim`` owns a job
+    gpuwarden acts on, ``mallory`` attacks, ``bob`` is another user, ``owner`` and ``mail``
+    own spawned jobs. Skipped without root."""
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    with created_users("victim", "mallory", "bob", "owner", "mail") as users:
         yield users
-    finally:
-        users.remove()
+
+
+@pytest.fixture(scope="session")
+def local_users(session_users: dict[str, User]) -> LocalUsers:
+    """A job owner and an attacker."""
+    return LocalUsers(session_users["victim"], session_users["mallory"])
 
 
 # -- reports: one real incident and one drill, shared by the report and browser tests -----------
@@ -178,22 +183,12 @@ def drill_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, DrillRe
 
 
 @pytest.fixture(scope="session")
-def system_users() -> Iterator[dict[str, SystemUser]]:
-    """Two real unprivileged users for the whole session: ``mallory`` (who tries to promote
-    her own jobs) and ``bob`` (another user). Removed at the end; skipped without root."""
-    why = unavailable()
-    if why is not None:
-        pytest.skip(why)
-    with created_users("mallory", "bob") as users:
-        yield users
+def system_users(session_users: dict[str, User]) -> dict[str, User]:
+    """``mallory`` (who tries to promote her own jobs) and ``bob`` (another user)."""
+    return session_users
 
 
 @pytest.fixture(scope="session")
-def job_owner() -> Iterator[str]:
+def job_owner(session_users: dict[str, User]) -> str:
     """A real user (not root) to own spawned jobs (``run_as:`` in a scenario)."""
-    from tests.real_users import CAN_CREATE, temporary_user
-
-    if not CAN_CREATE:
-        pytest.skip("needs root and useradd to create a user")
-    with temporary_user() as name:
-        yield name
+    return session_users["owner"].name

@@ -25,8 +25,9 @@ from gpuwarden.model import Outcome
 from gpuwarden.playbook import loader
 from gpuwarden.playbook.schema import CheckpointParams
 from gpuwarden.runtime import Runtime
-from tests.local_users import Lines, LocalUsers, ProcessSource, User
+from tests.local_users import Lines, LocalUsers, ProcessSource
 from tests.signal_targets import fast, intent, real, target_for
+from tests.system_users import User
 
 JOB = """
     import os, sys, time

@@ -16,7 +16,7 @@ from gpuwarden import config
 from gpuwarden.cli import hardening, selfcheck
 from gpuwarden.patterns import TEXT_LIMIT, compile_pattern, nested_quantifier
 from tests.cli_runner import gpuwarden
-from tests.system_users import SystemUser
+from tests.system_users import User
 
 ROOT = Path(__file__).resolve().parent.parent
 CATASTROPHIC = r"^(\w+\s?)+--prod$"
@@ -253,7 +253,7 @@ def test_inline_secrets_in_a_readable_config_are_a_warning(tmp_path: Path) -> No
 
 
 def test_secret_files_readable_by_others_are_a_warning(
-    tmp_path: Path, system_users: dict[str, SystemUser]
+    tmp_path: Path, system_users: dict[str, User]
 ) -> None:
     secret = tmp_path / "chat.url"
     secret.write_text("slack://T01ABCDEF/B02GHIJKL/verysecrettoken123\n")

@@ -18,6 +18,7 @@ from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
 from gpuwarden.model import (
     Event,
+    EventKind,
     GpuProcess,
     GpuState,
     Intent,
@@ -359,7 +360,11 @@ def _fatal_xid_messages(
     out: list[tuple[float, Message]] = []
     for t in range(0, 400, 2):
         now = T0 + t
-        events = (Event("xid", now, gpu=0, xid=79, detail="fell off the bus"),) if t == 10 else ()
+        events = (
+            (Event(EventKind.XID, now, gpu=0, xid=79, detail="fell off the bus"),)
+            if t == 10
+            else ()
+        )
         snapshot = Snapshot(HOST, now, (gpu(0, 1000),), (), events)
         tick = engine.step(snapshot, now)
         notifier.observe(

@@ -31,8 +31,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.local_users import PACKAGE_ROOT, LocalUsers, User
+from tests.local_users import LocalUsers
 from tests.notify_receivers import JsonReceiver
+from tests.system_users import PACKAGE_ROOT, User, interpreter
 from tests.test_oncall import SCENARIO, proc_state
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,7 @@ def as_user(
 ) -> subprocess.CompletedProcess[str]:
     """``gpuwarden ARGV`` run by ``user`` with the supplementary ``groups`` a login gives."""
     return subprocess.run(
-        [LocalUsers.interpreter(), "-m", "gpuwarden", *argv],
+        [interpreter(), "-m", "gpuwarden", *argv],
         user=user.uid,
         group=user.gid,
         extra_groups=groups,

@@ -24,7 +24,7 @@ from gpuwarden.notify.routing import SecretError, owner_urls, split_recipient
 from gpuwarden.playbook import loader
 from gpuwarden.playbook.schema import NotifyParams
 from tests.notify_receivers import JsonReceiver, SmtpReceiver
-from tests.real_users import run_as, temporary_user
+from tests.system_users import User, run_as
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,9 +134,8 @@ def test_a_gpu_rule_cannot_name_a_process_and_is_told_why(tmp_path: Path) -> Non
 
 
 @pytest.fixture
-def second_owner(job_owner: str) -> Iterator[str]:
-    with temporary_user("gwmail") as name:
-        yield name
+def second_owner(session_users: dict[str, User]) -> str:
+    return session_users["mail"].name
 
 
 @pytest.fixture

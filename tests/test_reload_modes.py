@@ -18,8 +18,9 @@ from gpuwarden.notify.service import Notifications
 from gpuwarden.playbook import loader
 from gpuwarden.reload import Reloader, unsafe_problems
 from gpuwarden.runtime import Runtime
-from tests.local_users import LocalUsers, ProcessSource, User
+from tests.local_users import LocalUsers, ProcessSource
 from tests.notify_receivers import JsonReceiver
+from tests.system_users import User
 
 RULES = """rules:
   - name: full

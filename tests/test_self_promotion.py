@@ -37,7 +37,7 @@ from gpuwarden.sources.cgroups import parse_cgroup
 from gpuwarden.sources.procs import Attributor
 from gpuwarden.sources.slurm import SlurmJobs
 from tests.cli_runner import gpuwarden
-from tests.system_users import SystemUser
+from tests.system_users import User
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = config.load(ROOT / "config" / "gpuwarden.yaml")
@@ -70,7 +70,7 @@ def start() -> Iterator[Start]:
     started: list[subprocess.Popen[bytes]] = []
 
     def run(
-        user: SystemUser | None,
+        user: User | None,
         argv: list[str],
         env: dict[str, str] | None = None,
         procs: Path | None = None,
@@ -121,7 +121,7 @@ def notebook_argv() -> list[str]:
 # -- exec -a sshd --------------------------------------------------------------------------------
 
 
-def test_exec_a_sshd_does_not_protect(system_users: dict[str, SystemUser], start: Start) -> None:
+def test_exec_a_sshd_does_not_protect(system_users: dict[str, User], start: Start) -> None:
     mallory = system_users["mallory"]
     info = describe(start(mallory, notebook_argv()).pid)
     # The forgery took: the process calls itself sshd by name and by argv[0] ...
@@ -142,7 +142,7 @@ def test_exec_a_sshd_does_not_protect(system_users: dict[str, SystemUser], start
 
 
 def test_a_partition_claimed_outside_slurm_does_not_raise(
-    system_users: dict[str, SystemUser], start: Start, tmp_path: Path
+    system_users: dict[str, User], start: Start, tmp_path: Path
 ) -> None:
     mallory = system_users["mallory"]
     claim = {"SLURM_JOB_PARTITION": "prod", "SLURM_JOB_ID": "4242"}
@@ -211,7 +211,7 @@ def cgroup_base() -> Iterator[tuple[Path, str]]:
             base.rmdir()
 
 
-def delegate(directory: Path, user: SystemUser) -> None:
+def delegate(directory: Path, user: User) -> None:
     """What systemd does for a delegated unit (user@UID.service, Delegate=yes with User=):
     the directory and the files that let its owner manage it become the user's."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -235,7 +235,7 @@ def join_own_cgroup(parent: Path, inner: str) -> list[str]:
 
 
 def test_a_triton_service_made_under_user_manager_is_not_critical(
-    system_users: dict[str, SystemUser], start: Start, cgroup_base: tuple[Path, str]
+    system_users: dict[str, User], start: Start, cgroup_base: tuple[Path, str]
 ) -> None:
     mallory = system_users["mallory"]
     base, seen = cgroup_base
@@ -260,7 +260,7 @@ def test_a_triton_service_made_under_user_manager_is_not_critical(
 
 
 def test_a_cgroup_chowned_to_its_user_is_untrusted_whatever_its_name(
-    system_users: dict[str, SystemUser], start: Start, cgroup_base: tuple[Path, str]
+    system_users: dict[str, User], start: Start, cgroup_base: tuple[Path, str]
 ) -> None:
     """A Delegate=yes service running as the user: no user@ in the path, but her directory."""
     mallory = system_users["mallory"]
@@ -276,7 +276,7 @@ def test_a_cgroup_chowned_to_its_user_is_untrusted_whatever_its_name(
 
 
 def test_slurm_says_the_partition_for_a_job_in_its_cgroup(
-    system_users: dict[str, SystemUser],
+    system_users: dict[str, User],
     start: Start,
     cgroup_base: tuple[Path, str],
     tmp_path: Path,
@@ -304,7 +304,7 @@ def test_slurm_says_the_partition_for_a_job_in_its_cgroup(
 
 
 def test_cgroup_ownership_on_a_tree_owned_by_the_user(
-    system_users: dict[str, SystemUser], tmp_path: Path
+    system_users: dict[str, User], tmp_path: Path
 ) -> None:
     mallory = system_users["mallory"]
     (tmp_path / "cgroup.controllers").touch()  # the unified hierarchy is mounted here
@@ -331,7 +331,7 @@ def test_cgroup_ownership_on_a_tree_owned_by_the_user(
 
 
 def test_the_attributor_reads_ownership_where_it_is_pointed(
-    system_users: dict[str, SystemUser], start: Start, tmp_path: Path
+    system_users: dict[str, User], start: Start, tmp_path: Path
 ) -> None:
     """The same through the Attributor, with a proc tree naming a cgroup in a test root."""
     mallory = system_users["mallory"]
@@ -373,7 +373,7 @@ def kill_targets(cfg: Config, processes: list[GpuProcess], start_at: float) -> l
 
 
 def test_a_renamed_argv0_keeps_the_kill_on_the_attackers_notebook(
-    system_users: dict[str, SystemUser], start: Start
+    system_users: dict[str, User], start: Start
 ) -> None:
     mallory, bob = system_users["mallory"], system_users["bob"]
     notebook = describe(start(mallory, notebook_argv()).pid)
