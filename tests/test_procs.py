@@ -561,13 +561,28 @@ def test_cpu_pct_is_none_first_then_measured(spawn: Spawn) -> None:
     idle = spawn(sleeper_argv(marker()))
     attributor = Attributor(Priorities())
 
+    watched = psutil.Process(busy.pid)
+
+    def cpu_s() -> float:
+        times = watched.cpu_times()
+        return float(times.user + times.system)
+
+    # Bounds on the CPU time and wall time between the two observations, read around each:
+    # the figure must lie between them however loaded the machine is.
+    c0, w0 = cpu_s(), time.monotonic()
     assert attributor.describe([busy.pid, idle.pid], 0.0)[busy.pid].cpu_pct is None
-    time.sleep(0.5)
+    c1, w1 = cpu_s(), time.monotonic()
+    deadline = time.monotonic() + 30
+    while cpu_s() - c1 < 0.3 and time.monotonic() < deadline:  # enough to tell from idle
+        time.sleep(0.05)
+    c2, w2 = cpu_s(), time.monotonic()
     second = attributor.describe([busy.pid, idle.pid], 0.5)
+    c3, w3 = cpu_s(), time.monotonic()
     busy_pct = second[busy.pid].cpu_pct
     idle_pct = second[idle.pid].cpu_pct
     assert busy_pct is not None
-    assert busy_pct > 20.0
+    tick = 0.011  # /proc/PID/stat counts in clock ticks (1/100 s), rounded down
+    assert 100 * (c2 - c1 - tick) / (w3 - w0) <= busy_pct <= 100 * (c3 - c0 + tick) / (w2 - w1)
     assert idle_pct is not None
     assert 0.0 <= idle_pct < busy_pct
 
