@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
 import pynvml
@@ -31,6 +31,7 @@ from gpuwarden.sources.nvml_device import (
     RawProcess,
     describe_error,
     nvml_call,
+    read_fast,
     read_processes,
     read_state,
 )
@@ -149,6 +150,23 @@ class NvmlSource:
     def peek(self, now: float) -> Snapshot:
         """``snapshot`` without events: the watcher keeps them for the next one (``Source``)."""
         return self._snapshot(now, consume=False)
+
+    def fast_gpus(self, now: float, fields: Collection[str]) -> tuple[GpuState, ...]:
+        """Between ticks: each GPU's cheap fields (``read_fast``), nothing else; a GPU that
+        cannot be read is left out (the next tick reports it lost). ``now`` is unused: NVML
+        answers for the present."""
+        if self._closed:
+            return ()
+        states: list[GpuState] = []
+        for index, memo in enumerate(self._gpus):
+            if memo.lost:
+                continue
+            try:
+                handle = nvml_call(pynvml.nvmlDeviceGetHandleByIndex, index, required=True)
+                states.append(read_fast(index, handle, memo, fields))
+            except GpuGone:
+                continue
+        return tuple(states)
 
     def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         if self._closed:

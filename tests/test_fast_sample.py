@@ -1,0 +1,129 @@
+"""Between ticks: fast readings start a rule's pending clock at the reading that crossed, and
+a tick runs when `for` is reached. The run loop on the NVML source over the fake NVML library
+and a simulated clock (both our seams): times are the clock's, exact, not measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden import config as config_mod
+from gpuwarden.clock import SimClock
+from gpuwarden.config import Config
+from gpuwarden.engine.fast import FastWatch, watched
+from gpuwarden.journal.journal import Journal
+from gpuwarden.model import GpuState, Memory
+from gpuwarden.playbook import loader
+from gpuwarden.runtime import Runtime
+from gpuwarden.sources.nvml import NvmlSource
+from tests.fake_nvml import FakeGpu, FakeNvml, installed
+
+TOTAL = 81559
+START = 1_767_225_600.0
+
+RULES = """rules:
+  - name: memory-full
+    for_each: gpu
+    when: gpu.memory.used_pct >= 95
+    for: 5s
+    steps:
+      - notify: oncall
+  - name: memory-trend
+    for_each: gpu
+    when: avg(gpu.memory.used_pct, 1m) >= 99
+    for: 5s
+    steps:
+      - notify: oncall
+"""
+
+
+class BreachClock(SimClock):
+    """The simulated clock; at ``breach`` the fake GPU's memory jumps to 98 %, and at
+    ``end`` the run is told to stop. Every reading the source made is kept."""
+
+    def __init__(self, gpu: FakeGpu, breach: float, end: float) -> None:
+        super().__init__(START)
+        self.gpu, self.breach, self.end = gpu, breach, end
+        self.runtime: Runtime | None = None
+
+    def advance(self, seconds: float) -> None:
+        super().advance(seconds)
+        if self.now() >= self.breach:
+            self.gpu.used_mib = int(TOTAL * 0.98)
+        if self.now() >= self.end and self.runtime is not None:
+            self.runtime.stop()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    return path
+
+
+def run_once(tmp_path: Path, *, fast_sample: float, breach: float) -> list[Any]:
+    cfg = config_mod.Config.model_validate(
+        {
+            "tick": 1.0,
+            "fast_sample": fast_sample,
+            "state_dir": str(tmp_path),
+            "notify": {"targets": {"oncall": {"urls": ["json://127.0.0.1:9/"]}}},
+        }
+    )
+    gpu = FakeGpu(index=0, total_mib=TOTAL, used_mib=TOTAL // 2)
+    clock = BreachClock(gpu, START + breach, START + breach + 8.0)
+    with installed(FakeNvml([gpu])):
+        source = NvmlSource(None, host="test-node", events=False)
+        runtime = Runtime(
+            cfg,
+            source,
+            loader.load([write(tmp_path, RULES)], cfg),
+            Journal(tmp_path / "journal.db"),
+            clock=clock,
+            host="test-node",
+        )
+        clock.runtime = runtime
+        runtime.run()
+    journal = Journal.open_readonly(tmp_path / "journal.db")
+    try:
+        incidents = journal.incidents()
+        assert [i.rule for i in incidents] == ["memory-full"]
+        return journal.timeline(incidents[0].id)
+    finally:
+        journal.close()
+
+
+def times(rows: list[Any]) -> dict[str, float]:
+    return {row.kind: row.time - START for row in rows if row.kind in ("pending", "firing")}
+
+
+def test_the_pending_clock_starts_at_the_fast_reading_that_crossed(tmp_path: Path) -> None:
+    # Ticks at 0, 1, 2, ...; readings every 0.2 s between them. The breach at 2.3 s is first
+    # seen by the reading at 2.4 s: pending from then, firing when `for` is reached (7.4 s),
+    # not at the ticks after (3 s and 8 s).
+    found = times(run_once(tmp_path, fast_sample=0.2, breach=2.3))
+    assert found["pending"] == pytest.approx(2.4, abs=1e-6)
+    assert found["firing"] == pytest.approx(7.4 + 0.001, abs=1e-6)
+
+
+def test_without_fast_readings_the_clock_starts_at_the_next_tick(tmp_path: Path) -> None:
+    # The tick at 8 s, where `for` is reached, moves to just after it (one tick, not two).
+    found = times(run_once(tmp_path, fast_sample=0, breach=2.3))
+    assert found["pending"] == pytest.approx(3.0, abs=1e-6)
+    assert found["firing"] == pytest.approx(8.0 + 0.001, abs=1e-6)
+
+
+def test_only_rules_a_fast_reading_can_decide_are_watched(tmp_path: Path) -> None:
+    cfg = Config()
+    playbooks = loader.load([write(tmp_path, RULES)], cfg)
+    assert [r.name for r in playbooks.rules if watched(r)] == ["memory-full"]
+    watch = FastWatch(playbooks, cfg.tz)
+    assert watch.fields == {"gpu.memory.used_pct"}
+
+    def gpu(used: int) -> GpuState:
+        return GpuState(index=0, memory=Memory(total_mib=TOTAL, used_mib=used, free_mib=0))
+
+    assert watch.crossed([gpu(TOTAL // 2)], START) == []
+    assert watch.crossed([gpu(TOTAL)], START + 0.2) == ["memory-full@gpu0"]
+    assert watch.crossed([gpu(TOTAL)], START + 0.4) == []  # still over: no new crossing
