@@ -62,15 +62,14 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def run_once(tmp_path: Path, *, fast_sample: float, breach: float) -> list[Any]:
-    cfg = config_mod.Config.model_validate(
-        {
-            "tick": 1.0,
-            "fast_sample": fast_sample,
-            "state_dir": str(tmp_path),
-            "notify": {"targets": {"oncall": {"urls": ["json://127.0.0.1:9/"]}}},
-        }
+def config(**extra: Any) -> Config:
+    return config_mod.Config.model_validate(
+        {"notify": {"targets": {"oncall": {"urls": ["json://127.0.0.1:9/"]}}}, **extra}
     )
+
+
+def run_once(tmp_path: Path, *, fast_sample: float, breach: float) -> list[Any]:
+    cfg = config(tick=1.0, fast_sample=fast_sample, state_dir=str(tmp_path))
     gpu = FakeGpu(index=0, total_mib=TOTAL, used_mib=TOTAL // 2)
     clock = BreachClock(gpu, START + breach, START + breach + 8.0)
     with installed(FakeNvml([gpu])):
@@ -115,7 +114,7 @@ def test_without_fast_readings_the_clock_starts_at_the_next_tick(tmp_path: Path)
 
 
 def test_only_rules_a_fast_reading_can_decide_are_watched(tmp_path: Path) -> None:
-    cfg = Config()
+    cfg = config()
     playbooks = loader.load([write(tmp_path, RULES)], cfg)
     assert [r.name for r in playbooks.rules if watched(r)] == ["memory-full"]
     watch = FastWatch(playbooks, cfg.tz)
