@@ -4,6 +4,8 @@ and a simulated clock (both our seams): times are the clock's, exact, not measur
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ from gpuwarden.runtime import Runtime
 from gpuwarden.sources.nvml import NvmlSource
 from tests.fake_nvml import FakeGpu, FakeNvml, installed
 
+ROOT = Path(__file__).resolve().parent.parent
+PLAYBOOK = ROOT / "playbooks" / "memory-pressure.yaml"
 TOTAL = 81559
 START = 1_767_225_600.0
 
@@ -126,3 +130,38 @@ def test_only_rules_a_fast_reading_can_decide_are_watched(tmp_path: Path) -> Non
     assert watch.crossed([gpu(TOTAL // 2)], START) == []
     assert watch.crossed([gpu(TOTAL)], START + 0.2) == ["memory-full@gpu0"]
     assert watch.crossed([gpu(TOTAL)], START + 0.4) == []  # still over: no new crossing
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("2s", "fast_sample: 2s is not shorter than the tick (1s)"),
+        ("10ms", "fast_sample: 10ms is too often; use at least 50ms, or 0"),
+        ("-1", "fast_sample: a duration cannot be negative"),
+        ("soon", "fast_sample: not a duration: 'soon'"),
+    ],
+)
+def test_a_bad_fast_sample_is_named_with_its_position(
+    tmp_path: Path, value: str, said: str
+) -> None:
+    path = tmp_path / "gpuwarden.yaml"
+    path.write_text(f"tick: 1s\nfast_sample: {value}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "check", "--config", str(path), str(PLAYBOOK)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr  # `check`: 1 when the config is not valid
+    assert f"{path}:2:14: {said}" in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_fast_sample_zero_and_the_default_load(tmp_path: Path) -> None:
+    path = tmp_path / "gpuwarden.yaml"
+    path.write_text("tick: 1s\nfast_sample: 0\n")
+    assert config_mod.load(path).fast_sample == 0
+    path.write_text("tick: 100ms\n")  # the default (200ms) is not checked against the tick
+    assert config_mod.load(path).fast_sample == pytest.approx(0.2)
