@@ -152,9 +152,9 @@ class NvmlSource:
         return self._snapshot(now, consume=False)
 
     def fast_gpus(self, now: float, fields: Collection[str]) -> tuple[GpuState, ...]:
-        """Between ticks: each GPU's cheap fields (``read_fast``), nothing else; a GPU that
-        cannot be read is left out (the next tick reports it lost). ``now`` is unused: NVML
-        answers for the present."""
+        """Between ticks: each GPU's cheap fields (``read_fast``; about 30 µs a GPU through
+        pynvml), nothing else; a GPU that cannot be read is left out (the next tick reads it
+        in full and reports it lost). ``now`` is unused: NVML answers for the present."""
         if self._closed:
             return ()
         states: list[GpuState] = []
