@@ -49,7 +49,7 @@ class ScheduledGpu(FakeGpu):
 
     schedule: ClassVar[dict[str, Any]] = {}
 
-    @property  # type: ignore[override]
+    @property
     def used_mib(self) -> int:
         return int(self.total_mib * memory_pct(self.schedule, time.time()) / 100)
 
@@ -57,7 +57,7 @@ class ScheduledGpu(FakeGpu):
     def used_mib(self, value: int) -> None:
         pass  # the schedule decides
 
-    @property  # type: ignore[override]
+    @property
     def processes(self) -> list[FakeProcess]:
         pid = victim_at(self.schedule, time.time())
         if pid is None:
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
     ScheduledGpu.schedule = schedule
     total = int(schedule["total_mib"])
     low = int(total * float(schedule["low_pct"]) / 100)
-    gpus = [ScheduledGpu(index=0, total_mib=total)]
+    gpus: list[FakeGpu] = [ScheduledGpu(index=0, total_mib=total)]
     gpus += [FakeGpu(index=i, total_mib=total, used_mib=low) for i in range(1, schedule["gpus"])]
     fake = FakeNvml(gpus)
     fake.max_wait_s = 1.0  # an event wait times out after a second, as the driver's does
