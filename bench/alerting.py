@@ -187,6 +187,7 @@ class Daemon:
     proc: subprocess.Popen[bytes] | None = None
     cpu_s: float = 0.0
     rss_mib: float = float("nan")
+    ready_rss_mib: float = float("nan")  # warm, before the first breach
 
 
 def start_daemon(d: Daemon, directory: Path, episodes: list[dict[str, float]], port: int) -> None:
@@ -376,6 +377,7 @@ class RunResult:
     sigterm: dict[str, list[float | None]]  # gpuwarden variant -> breach → SIGTERM
     cpu_pct: dict[str, float]
     rss_mib: dict[str, float]
+    ready_rss_mib: dict[str, float]
 
 
 def one_run() -> RunResult:
@@ -395,6 +397,9 @@ def one_run() -> RunResult:
                 start_daemon(d, directory, episodes, servers.port)
             time.sleep(LEAD_S - 2.0)
             started = {d.label: (time.monotonic(), cpu_s(d.proc.pid)) for d in daemons if d.proc}
+            for d in daemons:
+                assert d.proc is not None
+                d.ready_rss_mib = rss_mib(d.proc.pid)
             time.sleep(max(0.0, episodes[-1]["end"] + 4.0 - time.time()))
             for d in daemons:
                 assert d.proc is not None
@@ -434,6 +439,7 @@ def one_run() -> RunResult:
         sigterm,
         {d.label: d.cpu_s for d in daemons},
         {d.label: d.rss_mib for d in daemons},
+        {d.label: d.ready_rss_mib for d in daemons},
     )
 
 
@@ -474,8 +480,10 @@ def main() -> None:
             print(f"run {number} {system:<30} breach → SIGTERM s: {shown}", flush=True)
         for system, pct in result.cpu_pct.items():
             print(
-                f"run {number} {system:<30} CPU {pct:.2f} % of a core, "
-                f"RSS {result.rss_mib[system]:.1f} MiB (8 fake GPUs, whole run)",
+                f"run {number} {system:<30} CPU {pct:.2f} % of a core (8 fake GPUs, from 2 s "
+                f"before the first breach to 4 s after the last), RSS "
+                f"{result.ready_rss_mib[system]:.1f} MiB warm before the first breach, "
+                f"{result.rss_mib[system]:.1f} MiB at the end",
                 flush=True,
             )
         print(f"load average after run {number}: {os.getloadavg()[0]:.2f}", flush=True)

@@ -132,6 +132,18 @@ def test_only_rules_a_fast_reading_can_decide_are_watched(tmp_path: Path) -> Non
     assert watch.crossed([gpu(TOTAL)], START + 0.4) == []  # still over: no new crossing
 
 
+def test_a_watched_rule_may_read_the_time(tmp_path: Path) -> None:
+    cfg = config()
+    text = RULES.replace(
+        "when: gpu.memory.used_pct >= 95", "when: gpu.memory.used_pct >= 95 and time.hour == 0"
+    )
+    watch = FastWatch(loader.load([write(tmp_path, text)], cfg), cfg.tz)
+    assert [r.name for r in watch.rules] == ["memory-full"]
+    full = GpuState(index=0, memory=Memory(total_mib=TOTAL, used_mib=TOTAL, free_mib=0))
+    assert watch.crossed([full], START + 3600) == []  # 01:00 UTC: the condition is false
+    assert watch.crossed([full], START) == ["memory-full@gpu0"]  # 00:00 UTC
+
+
 @pytest.mark.parametrize(
     ("value", "said"),
     [

@@ -429,11 +429,6 @@ class Runtime:
                 began = self.clock.monotonic()
                 self._reload_if_asked()
                 self.tick()
-                if not warmed and self.notifications is not None:
-                    # After the first tick, in the sender's thread: the first message of an
-                    # incident then pays no apprise import (notify/plugins.py).
-                    self.notifications.warm()
-                warmed = True
                 if self.systemd is not None:
                     if not ready:  # the first tick has run: systemd may consider us started
                         self.systemd.ready(self.summary())
@@ -444,6 +439,11 @@ class Runtime:
                         pinged = time.monotonic()
                 if once or (end is not None and self.clock.now() >= end):
                     break
+                if not warmed and self.notifications is not None:
+                    # After the first tick, in the sender's thread: the first message of an
+                    # incident then pays no apprise import (notify/plugins.py).
+                    self.notifications.warm()
+                warmed = True
                 self._between_ticks(began + self.config.tick)
             self._settle()
         finally:

@@ -65,6 +65,7 @@ class FastWatch:
             f for r in self.rules for f in r.when.fields if f.startswith("gpu.")
         )
         self.tz = tz
+        self._reads_time = any("time" in r.when.roots for r in self.rules)
         self._held: dict[tuple[str, int], bool] = {}  # (rule, gpu) -> `when` at the last reading
 
     def __bool__(self) -> bool:
@@ -83,9 +84,12 @@ class FastWatch:
         if not self.rules:
             return []
         states = tuple(g for g in gpus if not g.lost)
-        snapshot = Snapshot(host=host, time=now, gpus=states)
-        base = tick_env(snapshot, now, self.tz)
-        base.update(process=None, event=None, _snapshot=snapshot, _gpus={})
+        if self._reads_time:
+            snapshot = Snapshot(host=host, time=now, gpus=states)
+            base = tick_env(snapshot, now, self.tz)
+            base.update(process=None, event=None, _snapshot=snapshot, _gpus={})
+        else:  # a `when` over gpu.* alone reads nothing else
+            base = {"_now": now, "process": None, "event": None}
         out: list[str] = []
         held = self._held
         for gpu in states:
