@@ -443,6 +443,35 @@ def one_run() -> RunResult:
     )
 
 
+def idle_cost(window: float) -> dict[str, tuple[float, float]]:
+    """CPU (% of a core) and RSS (MiB) of the two daemons side by side on 8 fake GPUs and no
+    breach, over ``window`` seconds after a 10 s warm-up: what fast readings cost at rest."""
+    daemons = [
+        Daemon("gpuwarden fast_sample 200ms", "200ms", "/gw-fast"),
+        Daemon("gpuwarden ticks only", "0", "/gw-tick"),
+    ]
+    servers = Servers([])
+    out: dict[str, tuple[float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-idle-") as tmp:
+        try:
+            for d in daemons:
+                start_daemon(d, Path(tmp), [], servers.port)
+            time.sleep(10.0)
+            began = {d.label: (time.monotonic(), cpu_s(d.proc.pid)) for d in daemons if d.proc}
+            time.sleep(window)
+            for d in daemons:
+                assert d.proc is not None
+                assert d.proc.poll() is None, f"{d.label} exited"
+                wall0, cpu0 = began[d.label]
+                pct = (cpu_s(d.proc.pid) - cpu0) / (time.monotonic() - wall0) * 100
+                out[d.label] = (pct, rss_mib(d.proc.pid))
+        finally:
+            for d in daemons:
+                stop(d.proc)
+            servers.close()
+    return out
+
+
 def _s(values: list[float]) -> str:
     if not values:
         return "n/a"
