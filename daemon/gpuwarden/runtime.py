@@ -7,7 +7,10 @@ Every intent is journaled before it is handed to an executor and its outcome aft
 killed mid-ladder and restarted repeats no step (``recover``), and whatever a step changed that
 must be put back (a suspended job, a nice value, a power limit) is an undo row that survives the
 restart. This module holds the loop around it: start-up recovery, the tick, cloud rounds,
-metrics, reload between ticks, systemd notifications, and a clean stop.
+metrics, reload between ticks, systemd notifications, and a clean stop. Between ticks it
+reads the GPUs' cheap fields every ``fast_sample`` and ticks at once when a reading crosses a
+watched rule's condition (``engine/fast.py``), and ticks when a pending rule's ``for`` or a
+step's ``after`` is reached, so that neither waits for the next regular tick.
 """
 
 from __future__ import annotations
