@@ -528,6 +528,20 @@ def main() -> None:
         "medians of each run's median (webhook): "
         + "; ".join(f"{s} {', '.join(f'{v:.2f}' for v in vs)}" for s, vs in per_run.items())
     )
+    at_rest()
+
+
+def at_rest() -> None:
+    window = float(os.environ.get("BENCH_ALERTING_IDLE", "60"))
+    print(f"\nAt rest (no breach), both daemons side by side, {window:g} s windows:", flush=True)
+    cpu: dict[str, list[float]] = {}
+    for number in range(1, runs() + 1):
+        for system, (pct, rss) in idle_cost(window).items():
+            cpu.setdefault(system, []).append(pct)
+            print(f"idle run {number} {system:<30} CPU {pct:.2f} % of a core, RSS {rss:.1f} MiB")
+        print(f"load average: {os.getloadavg()[0]:.2f}", flush=True)
+    for system, values in cpu.items():
+        print(f"{system:<30} CPU at rest, median {statistics.median(values):.2f} % of a core")
 
 
 if __name__ == "__main__":
