@@ -2,6 +2,7 @@
 
     python bench/daemon.py                        # overhead (60 s windows) and latency
     BENCH_DAEMON_WINDOW=300 python bench/daemon.py   # the 5-minute window the target names
+    BENCH_ALERTING_RUNS=1 python bench/daemon.py      # one run of the comparison, not three
 
 Every figure comes from a real ``python -m gpuwarden run`` child process replaying a
 generated scenario (non-spawned jobs, so nothing but the daemon does work) with
@@ -9,7 +10,9 @@ generated scenario (non-spawned jobs, so nothing but the daemon does work) with
 directory. CPU is utime+stime from ``/proc/<pid>/stat`` over the window, as a share of one
 core; RSS is ``VmRSS`` from ``/proc/<pid>/status`` at the end of the window (``VmHWM``, the
 peak, beside it). Targets: at most 0.5 % of a core and 60 MiB without a cloud profile;
-breach-to-action within one tick + 100 ms (docs/performance.md).
+breach-to-action within one tick + 100 ms (docs/performance.md). Then ``bench/alerting.py``:
+breach → webhook and breach → SIGTERM with ``for: 5s``, gpuwarden against Prometheus +
+Alertmanager on one breach schedule.
 """
 
 from __future__ import annotations
@@ -403,6 +406,11 @@ def main() -> None:
     met = bool(kills) and max(kills) <= limit
     verdict = "met" if met else "NOT met"
     print(f"target ≤ {limit * 1000:.0f} ms (one tick + 100 ms): {verdict} (all runs)")
+
+    # With `for`, against Prometheus + Alertmanager on the same breaches (bench/alerting.py).
+    import alerting
+
+    alerting.main()
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ def _check_regex(value: str) -> str:
 
 Regex = Annotated[str, AfterValidator(_check_regex)]
 Seconds = Annotated[float, BeforeValidator(parse_duration)]  # at most units.MAX_DURATION
+FAST_SAMPLE_MIN = 0.05  # fast_sample: 20 readings a second at most
 MAX_PID = 4_194_304  # the kernel's largest pid_max
 
 
@@ -462,6 +463,10 @@ class OperatorsConfig(_Strict):
 class Config(_Strict):
     host: str | None = None
     tick: Seconds = Field(default=2.0, gt=0)
+    # Between ticks, the cheap GPU fields (memory, utilization, temperature, power) that a
+    # rule with `for` reads are sampled this often, so that its pending clock starts at the
+    # sample that crossed and not at the next tick (docs/operations.md). 0: only at ticks.
+    fast_sample: Seconds = 0.2
     source: str = "nvml"
     events: tuple[str, ...] = ()
     playbooks: Path = Path("/etc/gpuwarden/playbooks")
@@ -484,6 +489,24 @@ class Config(_Strict):
     reload: ReloadConfig = ReloadConfig()
     exec: ExecConfig = ExecConfig()
     operators: OperatorsConfig = OperatorsConfig()
+
+    @field_validator("fast_sample")
+    @classmethod
+    def _fast_sample(cls, value: float, info: ValidationInfo) -> float:
+        if value == 0:
+            return value
+        if value < FAST_SAMPLE_MIN:
+            raise ValueError(
+                f"{value * 1000:g}ms is too often; use at least "
+                f"{FAST_SAMPLE_MIN * 1000:g}ms, or 0 to sample only at ticks"
+            )
+        tick = info.data.get("tick")
+        if isinstance(tick, float) and value >= tick:
+            raise ValueError(
+                f"{value:g}s is not shorter than the tick ({tick:g}s); use less than the tick, "
+                "or 0 to sample only at ticks"
+            )
+        return value
 
     @field_validator("ack_spool")
     @classmethod

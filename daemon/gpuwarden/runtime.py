@@ -7,12 +7,16 @@ Every intent is journaled before it is handed to an executor and its outcome aft
 killed mid-ladder and restarted repeats no step (``recover``), and whatever a step changed that
 must be put back (a suspended job, a nice value, a power limit) is an undo row that survives the
 restart. This module holds the loop around it: start-up recovery, the tick, cloud rounds,
-metrics, reload between ticks, systemd notifications, and a clean stop.
+metrics, reload between ticks, systemd notifications, and a clean stop. Between ticks it
+reads the GPUs' cheap fields every ``fast_sample`` and ticks at once when a reading crosses a
+watched rule's condition (``engine/fast.py``), and ticks when a pending rule's ``for`` or a
+step's ``after`` is reached, so that neither waits for the next regular tick.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +29,7 @@ from gpuwarden.cloud.rounds import Rounds, reaped_notes
 from gpuwarden.config import Config
 from gpuwarden.dispatch import Dispatcher, RunStats
 from gpuwarden.engine.engine import Engine
+from gpuwarden.engine.fast import FastWatch
 from gpuwarden.engine.incident import Tick
 from gpuwarden.journal.control import hold_note
 from gpuwarden.journal.samples import RuleFacts, SampleRecorder
@@ -44,6 +49,8 @@ if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
 log = logging.getLogger("gpuwarden.run")
 
 NEXT_REFRESH_S = 10.0  # an unchanged next step is planned and written again this often
+DUE_MARGIN_S = 0.001  # a tick for a due time runs this much after it (`now - since >= for`)
+MERGE_S = 0.05  # a due time this close after the regular tick moves that tick, not adds one
 
 
 class Runtime:
@@ -87,6 +94,14 @@ class Runtime:
         # incident -> (what its next step was, when written): the journal's next_steps rows
         self._next: dict[str, tuple[object, float]] = {}
         self._source_lock = threading.Lock()
+        # Between ticks (docs/operations.md, "Between ticks"): the fast readings' watch, and
+        # when each pending rule's `for` and each open incident's next `after` is reached
+        # (wall-clock), so that the loop ticks then rather than up to a tick later.
+        self.fast = FastWatch(playbooks, config.tz)
+        self._due: dict[tuple[str, str], float] = {}
+        self._step_due: float | None = None
+        self._last_now = -math.inf  # the last tick's `now`: dues at or before it are spent
+        self._fast_failed = False
         self.steps = Dispatcher(
             journal,
             self.engine,
@@ -217,6 +232,8 @@ class Runtime:
                 rule = self.engine.playbooks.rule(record.rule)
                 if self.metrics is not None and rule is not None:
                     self.metrics.observe_incident(record.rule, rule.spec.severity)
+        self._note_due(written, now)
+        self.fast.seen(snapshot, now)
         self.samples.observe(snapshot, now, self.engine.incidents)
         if self.samples.due(now):
             self.journal.record_samples(self.samples.take(now))
@@ -228,6 +245,31 @@ class Runtime:
         if self.metrics is not None:
             self._observe(snapshot, time.perf_counter() - began)
         return result
+
+    def _note_due(self, records: list[Any], now: float) -> None:
+        """When each rule that went pending reaches its `for` (a tick is due then)."""
+        self._last_now = now
+        for record in records:
+            if not isinstance(record, RuleChange):
+                continue
+            key = (record.rule, record.scope)
+            if record.kind == Transition.PENDING:
+                rule = self.engine.playbooks.rule(record.rule)
+                if rule is not None and rule.spec.for_ > 0:
+                    self._due[key] = record.time + rule.spec.for_
+            elif record.kind in (Transition.CANCELLED, Transition.FIRING, Transition.RESOLVED):
+                self._due.pop(key, None)
+        if len(self._due) > 64:  # pending states the engine forgot (a reload, a lost scope)
+            self._due = {k: t for k, t in self._due.items() if t > now}
+
+    def next_due(self) -> float | None:
+        """The earliest time after the last tick at which a pending rule's `for` or an open
+        incident's next step's `after` is reached (wall-clock); None: nothing due."""
+        after = self._last_now
+        times = [t for t in self._due.values() if t > after]
+        if self._step_due is not None and self._step_due > after:
+            times.append(self._step_due)
+        return min(times, default=None)
 
     def _rule_facts(self, incident: str, rule: str) -> RuleFacts | None:
         """The rule of an incident that just opened, for the journal (reports draw it)."""
@@ -304,7 +346,10 @@ class Runtime:
         asked (planning a step costs about what running it does)."""
         changed: list[str] = []
         kept: dict[str, tuple[object, float]] = {}
+        self._step_due = None
         for step in self.engine.next_steps(now, plan=()):
+            if step.state == "scheduled" and step.due is not None and step.due > now:
+                self._step_due = min(step.due, self._step_due or step.due)
             key = (step.step, step.state, step.detail, step.due)
             seen = self._next.get(step.incident)
             if seen is not None and seen[0] == key and now - seen[1] < NEXT_REFRESH_S:
@@ -379,7 +424,7 @@ class Runtime:
         start = getattr(self.source, "start_time", None)
         if duration is not None and start is not None:
             end = start + duration
-        ready = False
+        ready = warmed = False
         pinged = time.monotonic()
         watchdog = self.systemd.watchdog_interval() if self.systemd is not None else None
         try:
@@ -397,8 +442,12 @@ class Runtime:
                         pinged = time.monotonic()
                 if once or (end is not None and self.clock.now() >= end):
                     break
-                remaining = self.config.tick - (self.clock.monotonic() - began)
-                self._sleep(remaining)
+                if not warmed and self.notifications is not None:
+                    # After the first tick, in the sender's thread: the first message of an
+                    # incident then pays no apprise import (notify/plugins.py).
+                    self.notifications.warm()
+                warmed = True
+                self._between_ticks(began + self.config.tick)
             self._settle()
         finally:
             if self.systemd is not None:
@@ -432,6 +481,7 @@ class Runtime:
             return
         if result.ok:
             closed = self.engine.replace(result.playbooks, result.config, now)
+            self.fast = FastWatch(result.playbooks, result.config.tz)
             self.samples.preroll = preroll_for(result.playbooks)
             self.config = result.config
             self.steps.rails.update(result.config.safety)  # keeps the room reserved
@@ -455,6 +505,52 @@ class Runtime:
             self.metrics.observe_reload(result.ok, now)
         if self.systemd is not None:
             self.systemd.ready(("reloaded: " if result.ok else "reload refused: ") + self.summary())
+
+    def _between_ticks(self, next_tick: float) -> None:
+        """Wait for the next tick (``next_tick``, on the monotonic clock). Return earlier for
+        a stop or a reload request, when a pending rule's `for` or a step's `after` is reached
+        (``next_due``), and when a fast reading crosses a watched rule's condition
+        (``engine/fast.py``): the tick that follows then runs at that moment."""
+        clock = self.clock
+        interval = self.config.fast_sample
+        reader = getattr(self.source, "fast_gpus", None)
+        sampling = reader is not None and bool(self.fast) and 0 < interval < self.config.tick
+        next_fast = clock.monotonic() + interval if sampling else math.inf
+        while not self.stopping.is_set():
+            mono = clock.monotonic()
+            due = self.next_due()
+            due_at = math.inf if due is None else due - clock.now() + mono + DUE_MARGIN_S
+            tick_at = next_tick
+            if next_tick <= due_at <= next_tick + MERGE_S:
+                tick_at = due_at  # one tick for both
+            wake = min(tick_at, due_at, next_fast)
+            if wake > mono:
+                self._sleep(wake - mono)
+                if self.stopping.is_set() or (self.reloader is not None and self.reloader.pending):
+                    return
+                mono = clock.monotonic()
+            if mono >= min(tick_at, due_at) - 1e-9:
+                return
+            if mono >= next_fast - 1e-9:
+                next_fast = max(next_fast + interval, mono + interval / 2)
+                if self._fast_crossed():
+                    return
+
+    def _fast_crossed(self) -> bool:
+        """One fast reading of the GPUs; True when it crossed a watched rule's condition."""
+        now = self.clock.now()
+        try:
+            with self._source_lock:
+                gpus = self.source.fast_gpus(now, self.fast.fields)  # type: ignore[attr-defined]
+        except Exception as exc:  # the next tick reads (and reports) the GPUs in full
+            if not self._fast_failed:
+                log.warning("fast reading failed: %s: %s", type(exc).__name__, exc)
+                self._fast_failed = True
+            return False
+        crossed = self.fast.crossed(gpus, now, self.host)
+        if crossed:
+            log.debug("fast reading crossed %s: ticking now", ", ".join(crossed))
+        return bool(crossed)
 
     def _sleep(self, seconds: float) -> None:
         if seconds <= 0:

@@ -144,7 +144,10 @@ def deliver(
     quiet_apprise()
     import apprise  # here, not at the top: loading its plugins takes a quarter second
 
+    from gpuwarden.notify.plugins import load_plugins
+
     SCRUBBER.learn(urls)
+    load_plugins(urls)  # only the plugins these URLs need (usually warm already)
     sender = apprise.Apprise()
     for number, url in enumerate(urls, start=1):
         if not sender.add(url):

@@ -20,13 +20,22 @@ import dataclasses
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.journal.schema import JournalError
-from gpuwarden.notify.delivery import Resolver, clean_detail, deliver, notify_type, quiet_apprise
+from gpuwarden.notify.delivery import (
+    SCRUBBER,
+    Resolver,
+    clean_detail,
+    deliver,
+    notify_type,
+    quiet_apprise,
+)
 from gpuwarden.notify.outbox import Outbox, OutboxRow, clean_error
+from gpuwarden.notify.plugins import warm as warm_plugins
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +115,8 @@ class Sender:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warm: list[str] | None = None  # targets whose plugins to load, once asked
+        self.warmed: tuple[str, ...] = ()  # the plugin modules that warming loaded
         quiet_apprise()
 
     # -- life cycle --------------------------------------------------------------------------
@@ -144,12 +155,45 @@ class Sender:
         self._thread = self._pool = None
         return done
 
+    def warm(self, targets: Iterable[str]) -> None:
+        """Load apprise and the plugins of ``targets`` (those it delivers) in the sender's
+        thread, sending nothing: the first message then pays no import (``plugins.warm``).
+        The daemon asks once it is ready, so that start-up and the first tick do not wait."""
+        self._warm = [t for t in targets if self.deliverers(t) is None]
+        self._wake.set()
+
+    def _warm_up(self, targets: list[str]) -> None:
+        began = time.perf_counter()
+        urls: list[str] = []
+        for target in targets:
+            try:
+                urls += self.resolver(target)
+            except Exception:  # an unreadable secret: the self-check said so; its turn comes
+                logger.debug("notify warm target=%s skipped: its URLs cannot be read", target)
+        if not urls:
+            return
+        SCRUBBER.learn(urls)
+        try:
+            self.warmed = warm_plugins(urls)
+        except Exception as exc:  # a plugin that fails to import fails its first message too
+            logger.warning("notify warm failed: %s", clean_detail(f"{exc}", urls))
+            return
+        logger.info(
+            "notify warm plugins=%s targets=%d seconds=%.3f",
+            ",".join(self.warmed),
+            len(targets),
+            time.perf_counter() - began,
+        )
+
     def _new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         self._futures: set[concurrent.futures.Future[int]] = set()
         return concurrent.futures.ThreadPoolExecutor(self._workers, "gpuwarden-notify")
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            warm, self._warm = self._warm, None
+            if warm is not None:
+                self._warm_up(warm)
             try:
                 self._dispatch()
             except JournalError as exc:

@@ -123,6 +123,7 @@ class Notifications:
         )
         self.outbox = Outbox(journal_path, access=access)
         targets = config.notify.targets
+        self._target_names = [n for n, t in targets.items() if not t.for_owners]
         self.alerts = AlertBook(config, host=host, marker=marker, descriptions=descriptions)
         # A firing post's endsAt is counted on the real clock, the one Alertmanager reads.
         posting = alertmanager.Delivery(self.outbox)
@@ -290,6 +291,12 @@ class Notifications:
         if added and self.background:
             self.sender.wake()
         return added
+
+    def warm(self) -> None:
+        """Once the daemon is ready: load the apprise plugins of the configured targets in
+        the sender's thread, so that the first message pays no import (``notify/plugins.py``)."""
+        if self.background:
+            self.sender.warm(self._target_names)
 
     def deliver_now(self) -> int:
         """One delivery round in this thread (drills, which have no sender thread)."""

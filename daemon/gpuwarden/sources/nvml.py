@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
 import pynvml
@@ -31,6 +31,7 @@ from gpuwarden.sources.nvml_device import (
     RawProcess,
     describe_error,
     nvml_call,
+    read_fast,
     read_processes,
     read_state,
 )
@@ -127,6 +128,7 @@ class NvmlSource:
         if count == 0:
             logger.warning("nvml found no GPU on this machine")
         self._gpus = [DeviceMemo() for _ in range(count)]
+        self._fast_handles: dict[int, Any] = {}  # fast_gpus' device handles, by GPU index
         if events and count:
             handles = {}
             for index in range(count):
@@ -149,6 +151,28 @@ class NvmlSource:
     def peek(self, now: float) -> Snapshot:
         """``snapshot`` without events: the watcher keeps them for the next one (``Source``)."""
         return self._snapshot(now, consume=False)
+
+    def fast_gpus(self, now: float, fields: Collection[str]) -> tuple[GpuState, ...]:
+        """Between ticks: each GPU's cheap fields (``read_fast``; about 25 µs a GPU through
+        pynvml), nothing else; a GPU that cannot be read is left out (the next tick reads it
+        in full and reports it lost). Device handles are kept between readings (one that
+        fails is looked up afresh). ``now`` is unused: NVML answers for the present."""
+        if self._closed:
+            return ()
+        states: list[GpuState] = []
+        handles = self._fast_handles
+        for index, memo in enumerate(self._gpus):
+            if memo.lost:
+                continue
+            try:
+                handle = handles.get(index)
+                if handle is None:
+                    handle = nvml_call(pynvml.nvmlDeviceGetHandleByIndex, index, required=True)
+                    handles[index] = handle
+                states.append(read_fast(index, handle, memo, fields))
+            except GpuGone:
+                handles.pop(index, None)
+        return tuple(states)
 
     def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         if self._closed:

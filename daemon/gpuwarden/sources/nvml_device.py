@@ -10,7 +10,7 @@ to report the GPU as lost while the other GPUs keep reporting.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +173,30 @@ def read_state(index: int, handle: Any, memo: DeviceMemo, *, ecc: bool) -> GpuSt
             nvml_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
         ),
         energy_mj=_int(nvml_call(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)),
+    )
+
+
+def read_fast(index: int, handle: Any, memo: DeviceMemo, fields: Collection[str]) -> GpuState:
+    """The cheap, fast-moving fields between ticks: memory always, and utilization,
+    temperature and power when one of ``fields`` (``gpu.…`` names) needs them; every other
+    field unknown. Tens of µs per GPU against a driver. Raises GpuGone like ``read_state``."""
+    util = None
+    if "gpu.utilization_pct" in fields or "gpu.memory_utilization_pct" in fields:
+        util = nvml_call(pynvml.nvmlDeviceGetUtilizationRates, handle)
+    power = any(f.startswith("gpu.power") for f in fields)
+    return GpuState(
+        index=index,
+        name=memo.name,
+        uuid=memo.uuid,
+        pci_bus_id=memo.pci_bus_id,
+        memory=_read_memory(handle),
+        utilization_pct=None if util is None else int(util.gpu),
+        memory_utilization_pct=None if util is None else int(util.memory),
+        temperature_c=_read_temperature(handle) if "gpu.temperature_c" in fields else None,
+        power_w=_watts(nvml_call(pynvml.nvmlDeviceGetPowerUsage, handle)) if power else None,
+        power_limit_w=(
+            _watts(nvml_call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)) if power else None
+        ),
     )
 
 
