@@ -272,6 +272,7 @@ def test_without_slurm_its_tests_skip_but_fail_under_ci(tmp_path: Path, ci: str)
         "PATH": str(tmp_path / "no-slurm-here"),
         "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "daemon"))),
         "CI": ci,
+        "COLUMNS": "400",  # the summary line whole: pytest cuts it to the terminal's width
     }
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(test)],
