@@ -119,6 +119,192 @@ def _round(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
+_ZERO_ECC = {
+    "volatile_corrected": 0,
+    "volatile_uncorrected": 0,
+    "aggregate_corrected": 0,
+    "aggregate_uncorrected": 0,
+}
+_ZERO_ROWS = {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+_RAMPED = ("utilization_pct", "memory_utilization_pct", "temperature_c", "power_w")
+
+
+class _GpuPlay:
+    """How one GPU plays between two keyframes, worked out once for the segment: everything
+    that cannot change inside it (identity, ECC and row counters, throttle reasons, P-state,
+    which jobs it holds) is built when playback enters the segment, and only the fields that
+    ramp are interpolated per snapshot. A ``GpuState`` or ``GpuProcess`` equal to the one the
+    previous snapshot had is that same object again: between keyframes that do not ramp every
+    snapshot shows the same objects.
+
+    The values are exactly those of interpolating the keyframes' accumulated state
+    (``_between``) at each instant, as playback always has: a numeric field ramps linearly,
+    anything else keeps the earlier keyframe's value until the next keyframe."""
+
+    __slots__ = (
+        "fixed",
+        "jobs",
+        "last_key",
+        "last_processes",
+        "last_state",
+        "lost",
+        "numbers",
+        "other_mib",
+        "ramps",
+        "spec",
+        "used_given",
+    )
+
+    def __init__(
+        self,
+        spec: GpuSpec,
+        identity: tuple[str, str],
+        before: _GpuValues,
+        after: _GpuValues | None,
+    ) -> None:
+        self.spec = spec
+        v = before.values
+        unsupported = set(spec.unsupported)
+        uuid, bus = identity
+        self.lost: GpuState | None = None
+        lost = v.get("lost")
+        if lost:
+            reason = lost if isinstance(lost, str) else "GPU is lost"
+            self.lost = GpuState(
+                index=spec.index, name=spec.name, uuid=uuid, pci_bus_id=bus, lost=True, error=reason
+            )
+
+        def get(name: str) -> Any:
+            return None if name in unsupported else v.get(name)
+
+        ecc, remapped, retired, throttle = (
+            get(n) for n in ("ecc", "remapped_rows", "retired_pages", "throttle")
+        )
+        self.fixed: dict[str, Any] = {
+            "index": spec.index,
+            "name": spec.name,
+            "uuid": uuid,
+            "pci_bus_id": bus,
+            "power_limit_w": None if "power_limit_w" in unsupported else spec.power_limit_w,
+            "throttle": None if "throttle" in unsupported else tuple(throttle or ()),
+            "ecc": None
+            if "ecc" in unsupported
+            else Ecc(**(ecc.model_dump() if ecc else _ZERO_ECC)),
+            "remapped_rows": None
+            if "remapped_rows" in unsupported or retired is not None
+            else RemappedRows(**(remapped.model_dump() if remapped else _ZERO_ROWS)),
+            "retired_pages": RetiredPages(**retired.model_dump()) if retired else None,
+            "pstate": None if "pstate" in unsupported else (v.get("pstate") or 0),
+            "mig_mode": None if "mig_mode" in unsupported else spec.mig_mode,
+        }
+        # Each numeric field as (earlier value, later value); None for the later one where the
+        # field keeps the earlier value throughout (no ramp, or an end without a value).
+        nxt = after.values if after is not None else {}
+
+        def ends(name: str) -> tuple[Any, Any]:
+            a, b = v.get(name), nxt.get(name)
+            return (a, None) if a is None or b is None else (a, b)
+
+        self.numbers = [(None, None) if name in unsupported else ends(name) for name in _RAMPED]
+        self.used_given = ends("memory_used_mib")
+        self.other_mib = ends("other_mib")
+        # Each job as (id, MiB at both ends, SM % at both ends, there at the first keyframe),
+        # in the order interpolation has always listed them. A job that ramps out keeps its
+        # SM %; one that ramps in starts just after the first keyframe.
+        jobs: list[tuple[str, float, float, Any, Any, bool]] = []
+        if after is None:
+            for job_id, (mib, sm) in before.jobs.items():
+                jobs.append((job_id, mib, mib, sm, None, True))
+        else:
+            for job_id in before.jobs.keys() | after.jobs.keys():
+                mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
+                mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
+                if job_id not in after.jobs:
+                    sm_b = None
+                jobs.append((job_id, mib_a, mib_b, sm_a, sm_b, job_id in before.jobs))
+        self.jobs = jobs
+        self.ramps = after is not None
+        self.last_key: tuple[Any, ...] | None = None
+        self.last_state: GpuState | None = None
+        self.last_processes: dict[str, GpuProcess] = {}
+
+    def state(
+        self,
+        f: float,
+        source: ScenarioSource,
+        gone: set[str],
+        alive: set[str],
+        real: dict[int, ProcessInfo],
+        processes: list[GpuProcess],
+    ) -> GpuState:
+        """The GPU at ``f`` (0 <= f < 1) of the segment's ramp, without the jobs in ``gone``;
+        its processes are appended to ``processes``."""
+        if self.lost is not None:
+            return self.lost
+        spec = self.spec
+        ramps = self.ramps
+        present: list[tuple[str, float, Any]] = []
+        for job_id, mib_a, mib_b, sm_a, sm_b, at_start in self.jobs:
+            if job_id in gone:
+                continue
+            if not ramps:
+                present.append((job_id, mib_a, sm_a))
+            elif at_start or f > 0:  # a job ramping in starts after the keyframe
+                mib = mib_a + (mib_b - mib_a) * f or 0.0
+                present.append((job_id, mib, sm_a if sm_b is None else _lerp(sm_a, sm_b, f)))
+        a, b = self.used_given
+        used = a if b is None else a + (b - a) * f
+        if used is None:
+            a, b = self.other_mib
+            other = a if b is None else a + (b - a) * f
+            used = sum(mib for _job, mib, _sm in present) + (other or 0)
+        used_mib = min(round(used), spec.memory_total_mib)
+        numbers = tuple(x if y is None else x + (y - x) * f for x, y in self.numbers)
+        key = (used_mib, numbers)
+        gpu = self.last_state
+        if gpu is None or key != self.last_key:
+            util, mem_util, temp, power = numbers
+            total = spec.memory_total_mib
+            gpu = self.last_state = GpuState(
+                memory=Memory(
+                    total_mib=total,
+                    used_mib=used_mib,
+                    free_mib=total - used_mib,
+                    reserved_mib=None
+                    if "memory_reserved_mib" in spec.unsupported
+                    else spec.memory_reserved_mib,
+                ),
+                utilization_pct=_round(util),
+                memory_utilization_pct=_round(mem_util),
+                temperature_c=_round(temp),
+                power_w=power,
+                **self.fixed,
+            )
+            self.last_key = key
+        shown = self.last_processes
+        for job_id, mib, sm in present:
+            memory = None if "process_memory" in spec.unsupported else round(mib)
+            sm_util = None if "sm_util" in spec.unsupported else _round(sm)
+            info = source.job_info(job_id, alive, real)
+            known = shown.get(job_id)
+            if (
+                known is None
+                or known.info is not info
+                or known.gpu_memory_mib != memory
+                or known.sm_util_pct != sm_util
+            ):
+                known = shown[job_id] = GpuProcess(
+                    pid=info.pid,
+                    gpu=spec.index,
+                    gpu_memory_mib=memory,
+                    info=info,
+                    sm_util_pct=sm_util,
+                    gpu_uuid=gpu.uuid,
+                )
+            processes.append(known)
+        return gpu
+
+
 class ScenarioSource:
     """A scenario as a ``ReplaySource``. Spawned jobs start when the source opens and are
     killed by ``close()``; use it as a context manager.
@@ -163,6 +349,8 @@ class ScenarioSource:
         self._infos: dict[str, ProcessInfo] = {}
         self._last_offset: float | None = None
         self._lost: dict[int, bool] = {}
+        self._segment_key: tuple[int, bool] | None = None  # the segment being played
+        self._segment: list[_GpuPlay] = []
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-scenario-"))
         self.standins: dict[str, Standin] = {}
@@ -347,79 +535,6 @@ class ScenarioSource:
         )
         return replace(info, priority=self._resolver.resolve(info))
 
-    def _gpu_state(self, spec: GpuSpec, values: _GpuValues, present: dict[str, float]) -> GpuState:
-        v = values.values
-        unsupported = set(spec.unsupported)
-
-        def get(name: str) -> Any:
-            return None if name in unsupported else v.get(name)
-
-        lost = v.get("lost")
-        if lost:
-            reason = lost if isinstance(lost, str) else "GPU is lost"
-            return GpuState(
-                index=spec.index,
-                name=spec.name,
-                uuid=self._identity(spec)[0],
-                pci_bus_id=self._identity(spec)[1],
-                lost=True,
-                error=reason,
-            )
-        used = v.get("memory_used_mib")
-        if used is None:
-            used = sum(present.values()) + (v.get("other_mib") or 0)
-        used_mib = min(round(used), spec.memory_total_mib)
-        ecc = get("ecc")
-        remapped = get("remapped_rows")
-        retired = get("retired_pages")
-        throttle = get("throttle")
-        return GpuState(
-            index=spec.index,
-            name=spec.name,
-            uuid=self._identity(spec)[0],
-            pci_bus_id=self._identity(spec)[1],
-            memory=Memory(
-                total_mib=spec.memory_total_mib,
-                used_mib=used_mib,
-                free_mib=spec.memory_total_mib - used_mib,
-                reserved_mib=None
-                if "memory_reserved_mib" in unsupported
-                else spec.memory_reserved_mib,
-            ),
-            utilization_pct=_round(get("utilization_pct")),
-            memory_utilization_pct=_round(get("memory_utilization_pct")),
-            temperature_c=_round(get("temperature_c")),
-            power_w=get("power_w"),
-            power_limit_w=None if "power_limit_w" in unsupported else spec.power_limit_w,
-            throttle=None if "throttle" in unsupported else tuple(throttle or ()),
-            ecc=None
-            if "ecc" in unsupported
-            else Ecc(
-                **(
-                    ecc.model_dump()
-                    if ecc
-                    else {
-                        "volatile_corrected": 0,
-                        "volatile_uncorrected": 0,
-                        "aggregate_corrected": 0,
-                        "aggregate_uncorrected": 0,
-                    }
-                )
-            ),
-            remapped_rows=None
-            if "remapped_rows" in unsupported or retired is not None
-            else RemappedRows(
-                **(
-                    remapped.model_dump()
-                    if remapped
-                    else {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
-                )
-            ),
-            retired_pages=RetiredPages(**retired.model_dump()) if retired else None,
-            pstate=None if "pstate" in unsupported else (v.get("pstate") or 0),
-            mig_mode=None if "mig_mode" in unsupported else spec.mig_mode,
-        )
-
     def _identity(self, spec: GpuSpec) -> tuple[str, str]:
         """A GPU's UUID and PCI bus id: fixed for the scenario, so derived once."""
         known = self._ids.get(spec.index)
@@ -446,64 +561,36 @@ class ScenarioSource:
 
     def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         offset = max(0.0, now - self.start_time)
-        state = self._state_at(offset)
-        alive = {job_id for job_id, s in self.standins.items() if s.alive()}
-        alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
+        segment, f = self._segment_at(offset)
+        alive: set[str] = set()
         real_info: dict[int, ProcessInfo] = {}
-        if self._attributor is not None and alive:
-            real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
-        infos: dict[str, ProcessInfo] = {}
+        gone = self._vanished
+        if self.standins or self.attached:
+            alive = {job_id for job_id, s in self.standins.items() if s.alive()}
+            alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
+            if self._attributor is not None and alive:
+                real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
+            gone = gone | (self.standins.keys() | self.attached.keys()) - alive
         gpus: list[GpuState] = []
         processes: list[GpuProcess] = []
         events: list[Event] = []
-        for spec in self.scenario.gpus:
-            values = state[spec.index]
-            present = {
-                j: mib
-                for j, (mib, _sm) in values.jobs.items()
-                if (j in alive or (j not in self.standins and j not in self.attached))
-                and j not in self._vanished
-            }
-            gpu = self._gpu_state(spec, values, present)
+        for play in segment:
+            gpu = play.state(f, self, gone, alive, real_info, processes)
             gpus.append(gpu)
-            was_lost = self._lost.get(spec.index, False)
-            if consume and gpu.lost and not was_lost and self._last_offset is not None:
-                events.append(
-                    Event(EventKind.GPU_LOST, now, spec.index, None, gpu.error or "GPU is lost")
-                )
+            index = gpu.index
             if consume:
-                self._lost[spec.index] = gpu.lost
-            if gpu.lost:
-                continue
-            for job_id, mib in present.items():
-                job = self._jobs[job_id]
-                if job_id not in infos:
-                    if job_id in self.standins or job_id in self.attached:
-                        pid = self.pid_of(job_id)
-                        infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
-                    else:
-                        infos[job_id] = self._info(job)
-                info = infos[job_id]
-                memory: int | None = round(mib)
-                sm = values.jobs[job_id][1]
-                if "process_memory" in spec.unsupported:
-                    memory = None
-                processes.append(
-                    GpuProcess(
-                        pid=info.pid,
-                        gpu=spec.index,
-                        gpu_memory_mib=memory,
-                        info=info,
-                        sm_util_pct=None if "sm_util" in spec.unsupported else _round(sm),
-                        gpu_uuid=gpu.uuid,
+                if gpu.lost and not self._lost.get(index, False) and self._last_offset is not None:
+                    events.append(
+                        Event(EventKind.GPU_LOST, now, index, None, gpu.error or "GPU is lost")
                     )
-                )
+                self._lost[index] = gpu.lost
         if consume:
             for frame, when in self._events(offset):
                 for e in frame.events:
                     events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
             self._last_offset = offset
-        events.sort(key=lambda e: e.time)
+        if len(events) > 1:
+            events.sort(key=lambda e: e.time)
         return Snapshot(
             host=self.scenario.host,
             time=now,
@@ -512,3 +599,39 @@ class ScenarioSource:
             events=tuple(events),
             source=self.name,
         )
+
+    def _segment_at(self, offset: float) -> tuple[list[_GpuPlay], float]:
+        """The playback plans of the keyframe segment ``offset`` falls in, and how far into
+        its ramp it is (0 where it does not ramp)."""
+        frames = self.scenario.timeline
+        index = max(0, bisect.bisect_right(self._times, offset) - 1)  # the last one due
+        ramps = index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at
+        key = (index, ramps)
+        if self._segment_key != key:
+            self._segment_key = key
+            self._segment = self._plan(index, ramps)
+        if not ramps:
+            return self._segment, 0.0
+        span = frames[index + 1].at - frames[index].at
+        return self._segment, (offset - frames[index].at) / span if span > 0 else 1.0
+
+    def _plan(self, index: int, ramps: bool) -> list[_GpuPlay]:
+        before = self._states[index]
+        after = self._states[index + 1] if ramps else None
+        return [
+            _GpuPlay(
+                spec,
+                self._identity(spec),
+                before[spec.index],
+                None if after is None else after[spec.index],
+            )
+            for spec in self.scenario.gpus
+        ]
+
+    def job_info(self, job_id: str, alive: set[str], real: dict[int, ProcessInfo]) -> ProcessInfo:
+        """What a snapshot says of a job's process: the real one's (stand-in or attached)
+        or the scenario's synthetic attribution."""
+        if job_id in self.standins or job_id in self.attached:
+            pid = self.pid_of(job_id)
+            return real.get(pid) or ProcessInfo(pid=pid)
+        return self._info(self._jobs[job_id])
