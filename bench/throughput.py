@@ -207,16 +207,17 @@ def drill_once(
 
 def playback_once(path: Path, cfg: Config, *, seconds: int | None = None) -> tuple[float, int]:
     """The scenario's snapshots at 1 Hz without the engine, as a drill opens and plays it:
-    (wall seconds, snapshots)."""
-    began = time.perf_counter()
+    (wall seconds of the snapshots alone, without loading the file; snapshots)."""
     source = open_source(SourceSpec("scenario", str(path)), cfg, None, drill=True)
     try:
+        began = time.perf_counter()
         steps = int(source.duration if seconds is None else seconds)
         for n in range(steps + 1):
             source.snapshot(source.start_time + n)
+        wall = time.perf_counter() - began
     finally:
         source.close()
-    return time.perf_counter() - began, steps + 1
+    return wall, steps + 1
 
 
 def _peak_rss_mib() -> float:

@@ -14,8 +14,8 @@ import datetime as dt
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -126,33 +126,52 @@ _ZERO_ECC = {
     "aggregate_uncorrected": 0,
 }
 _ZERO_ROWS = {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
-_RAMPED = ("utilization_pct", "memory_utilization_pct", "temperature_c", "power_w")
+# The GPU fields that ramp (rounded to whole numbers or not), and where each stands among
+# GpuState's fields: playback builds a state from a list of its fields in their order.
+_RAMPED = (
+    ("utilization_pct", True),
+    ("memory_utilization_pct", True),
+    ("temperature_c", True),
+    ("power_w", False),
+)
+_GPU_FIELDS = tuple(f.name for f in fields(GpuState))
+_MEMORY_AT = _GPU_FIELDS.index("memory")
+
+# A job's place in a segment: its id, MiB at the segment's start and its change over the
+# segment, SM % at both ends (None at the end: it keeps the start's), whether it is there at
+# the start, and its synthetic attribution (None: a real process's, asked per snapshot).
+_Job = tuple[str, float, float, Any, Any, bool, ProcessInfo | None]
 
 
 class _GpuPlay:
     """How one GPU plays between two keyframes, worked out once for the segment: everything
     that cannot change inside it (identity, ECC and row counters, throttle reasons, P-state,
-    which jobs it holds) is built when playback enters the segment, and only the fields that
-    ramp are interpolated per snapshot. A ``GpuState`` or ``GpuProcess`` equal to the one the
-    previous snapshot had is that same object again: between keyframes that do not ramp every
-    snapshot shows the same objects.
+    the jobs it holds) is built when playback enters the segment, and only the fields that
+    ramp are interpolated per snapshot. A ``GpuState``, ``Memory`` or ``GpuProcess`` equal to
+    the previous snapshot's is that same object again: between keyframes that do not ramp
+    every snapshot shows the same objects.
 
-    The values are exactly those of interpolating the keyframes' accumulated state
-    (``_between``) at each instant, as playback always has: a numeric field ramps linearly,
-    anything else keeps the earlier keyframe's value until the next keyframe."""
+    The values are those of interpolating the keyframes' accumulated state (``_between``) at
+    each instant, as playback always has: a numeric field ramps linearly, anything else keeps
+    the earlier keyframe's value until the next keyframe."""
 
     __slots__ = (
-        "fixed",
+        "args",
+        "built",
         "jobs",
-        "last_key",
-        "last_processes",
-        "last_state",
         "lost",
-        "numbers",
+        "memory",
         "other_mib",
+        "process_memory",
+        "processes",
+        "ramping",
         "ramps",
+        "reserved",
+        "sm_util",
         "spec",
+        "total",
         "used_given",
+        "uuid",
     )
 
     def __init__(
@@ -161,11 +180,13 @@ class _GpuPlay:
         identity: tuple[str, str],
         before: _GpuValues,
         after: _GpuValues | None,
+        info: Callable[[str], ProcessInfo | None],
     ) -> None:
         self.spec = spec
         v = before.values
         unsupported = set(spec.unsupported)
         uuid, bus = identity
+        self.uuid = uuid
         self.lost: GpuState | None = None
         lost = v.get("lost")
         if lost:
@@ -180,126 +201,121 @@ class _GpuPlay:
         ecc, remapped, retired, throttle = (
             get(n) for n in ("ecc", "remapped_rows", "retired_pages", "throttle")
         )
-        self.fixed: dict[str, Any] = {
-            "index": spec.index,
-            "name": spec.name,
-            "uuid": uuid,
-            "pci_bus_id": bus,
-            "power_limit_w": None if "power_limit_w" in unsupported else spec.power_limit_w,
-            "throttle": None if "throttle" in unsupported else tuple(throttle or ()),
-            "ecc": None
-            if "ecc" in unsupported
-            else Ecc(**(ecc.model_dump() if ecc else _ZERO_ECC)),
-            "remapped_rows": None
+        self.total = spec.memory_total_mib
+        self.reserved = None if "memory_reserved_mib" in unsupported else spec.memory_reserved_mib
+        template = GpuState(
+            index=spec.index,
+            name=spec.name,
+            uuid=uuid,
+            pci_bus_id=bus,
+            power_limit_w=None if "power_limit_w" in unsupported else spec.power_limit_w,
+            throttle=None if "throttle" in unsupported else tuple(throttle or ()),
+            ecc=None if "ecc" in unsupported else Ecc(**(ecc.model_dump() if ecc else _ZERO_ECC)),
+            remapped_rows=None
             if "remapped_rows" in unsupported or retired is not None
             else RemappedRows(**(remapped.model_dump() if remapped else _ZERO_ROWS)),
-            "retired_pages": RetiredPages(**retired.model_dump()) if retired else None,
-            "pstate": None if "pstate" in unsupported else (v.get("pstate") or 0),
-            "mig_mode": None if "mig_mode" in unsupported else spec.mig_mode,
-        }
-        # Each numeric field as (earlier value, later value); None for the later one where the
-        # field keeps the earlier value throughout (no ramp, or an end without a value).
+            retired_pages=RetiredPages(**retired.model_dump()) if retired else None,
+            pstate=None if "pstate" in unsupported else (v.get("pstate") or 0),
+            mig_mode=None if "mig_mode" in unsupported else spec.mig_mode,
+        )
+        self.args: list[Any] = [getattr(template, name) for name in _GPU_FIELDS]
+        # A numeric field ramps where both keyframes give it; otherwise it keeps the earlier
+        # keyframe's value (None where that has none) throughout.
+        self.ramps = after is not None
         nxt = after.values if after is not None else {}
+        self.ramping: list[tuple[int, Any, Any, bool]] = []
+        for name, rounded in _RAMPED:
+            at = _GPU_FIELDS.index(name)
+            a, b = (None, None) if name in unsupported else (v.get(name), nxt.get(name))
+            if a is not None and b is not None:
+                self.ramping.append((at, a, b - a, rounded))
+            else:
+                self.args[at] = _round(a) if rounded else a
 
         def ends(name: str) -> tuple[Any, Any]:
             a, b = v.get(name), nxt.get(name)
-            return (a, None) if a is None or b is None else (a, b)
+            return (a, None) if a is None or b is None else (a, b - a)
 
-        self.numbers = [(None, None) if name in unsupported else ends(name) for name in _RAMPED]
         self.used_given = ends("memory_used_mib")
         self.other_mib = ends("other_mib")
-        # Each job as (id, MiB at both ends, SM % at both ends, there at the first keyframe),
-        # in the order interpolation has always listed them. A job that ramps out keeps its
-        # SM %; one that ramps in starts just after the first keyframe.
-        jobs: list[tuple[str, float, float, Any, Any, bool]] = []
+        self.process_memory = "process_memory" not in unsupported
+        self.sm_util = "sm_util" not in unsupported
+        jobs: list[_Job] = []
         if after is None:
             for job_id, (mib, sm) in before.jobs.items():
-                jobs.append((job_id, mib, mib, sm, None, True))
+                jobs.append((job_id, mib, 0.0, sm, None, True, info(job_id)))
         else:
             for job_id in before.jobs.keys() | after.jobs.keys():
                 mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
                 mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
-                if job_id not in after.jobs:
-                    sm_b = None
-                jobs.append((job_id, mib_a, mib_b, sm_a, sm_b, job_id in before.jobs))
+                ends_sm = sm_b if job_id in after.jobs else None
+                there = job_id in before.jobs
+                jobs.append((job_id, mib_a, mib_b - mib_a, sm_a, ends_sm, there, info(job_id)))
         self.jobs = jobs
-        self.ramps = after is not None
-        self.last_key: tuple[Any, ...] | None = None
-        self.last_state: GpuState | None = None
-        self.last_processes: dict[str, GpuProcess] = {}
+        self.built: GpuState | None = None
+        self.memory: Memory | None = None
+        self.processes: dict[str, GpuProcess] = {}
 
     def state(
         self,
         f: float,
-        source: ScenarioSource,
         gone: set[str],
-        alive: set[str],
-        real: dict[int, ProcessInfo],
+        real: Callable[[str], ProcessInfo],
         processes: list[GpuProcess],
     ) -> GpuState:
-        """The GPU at ``f`` (0 <= f < 1) of the segment's ramp, without the jobs in ``gone``;
-        its processes are appended to ``processes``."""
+        """The GPU at ``f`` (0 <= f < 1) of the segment's ramp without the jobs in ``gone``;
+        its processes are appended to ``processes`` (``real`` tells a real process's facts)."""
         if self.lost is not None:
             return self.lost
-        spec = self.spec
         ramps = self.ramps
-        present: list[tuple[str, float, Any]] = []
-        for job_id, mib_a, mib_b, sm_a, sm_b, at_start in self.jobs:
+        present: list[tuple[str, float, Any, ProcessInfo | None]] = []
+        for job_id, mib_a, mib_d, sm_a, sm_b, there, info in self.jobs:
             if job_id in gone:
                 continue
             if not ramps:
-                present.append((job_id, mib_a, sm_a))
-            elif at_start or f > 0:  # a job ramping in starts after the keyframe
-                mib = mib_a + (mib_b - mib_a) * f or 0.0
-                present.append((job_id, mib, sm_a if sm_b is None else _lerp(sm_a, sm_b, f)))
-        a, b = self.used_given
-        used = a if b is None else a + (b - a) * f
+                present.append((job_id, mib_a, sm_a, info))
+            elif there or f > 0:  # a job ramping in starts after the keyframe
+                mib = mib_a + mib_d * f or 0.0
+                present.append((job_id, mib, sm_a if sm_b is None else _lerp(sm_a, sm_b, f), info))
+        a, d = self.used_given
+        used = a if d is None else a + d * f
         if used is None:
-            a, b = self.other_mib
-            other = a if b is None else a + (b - a) * f
-            used = sum(mib for _job, mib, _sm in present) + (other or 0)
-        used_mib = min(round(used), spec.memory_total_mib)
-        numbers = tuple(x if y is None else x + (y - x) * f for x, y in self.numbers)
-        key = (used_mib, numbers)
-        gpu = self.last_state
-        if gpu is None or key != self.last_key:
-            util, mem_util, temp, power = numbers
-            total = spec.memory_total_mib
-            gpu = self.last_state = GpuState(
-                memory=Memory(
-                    total_mib=total,
-                    used_mib=used_mib,
-                    free_mib=total - used_mib,
-                    reserved_mib=None
-                    if "memory_reserved_mib" in spec.unsupported
-                    else spec.memory_reserved_mib,
-                ),
-                utilization_pct=_round(util),
-                memory_utilization_pct=_round(mem_util),
-                temperature_c=_round(temp),
-                power_w=power,
-                **self.fixed,
-            )
-            self.last_key = key
-        shown = self.last_processes
-        for job_id, mib, sm in present:
-            memory = None if "process_memory" in spec.unsupported else round(mib)
-            sm_util = None if "sm_util" in spec.unsupported else _round(sm)
-            info = source.job_info(job_id, alive, real)
+            a, d = self.other_mib
+            other = a if d is None else a + d * f
+            used = sum(job[1] for job in present) + (other or 0)
+        used_mib = min(round(used), self.total)
+        args = self.args
+        changed = self.built is None
+        memory = self.memory
+        if memory is None or memory.used_mib != used_mib:
+            total = self.total
+            memory = self.memory = Memory(total, used_mib, total - used_mib, self.reserved)
+            args[_MEMORY_AT] = memory
+            changed = True
+        for at, x, dx, rounded in self.ramping:
+            value = x + dx * f
+            if rounded:
+                value = round(value)
+            if value != args[at]:
+                args[at] = value
+                changed = True
+        gpu = self.built
+        if changed or gpu is None:
+            gpu = self.built = GpuState(*args)
+        shown = self.processes
+        for job_id, mib, sm, synthetic in present:
+            memory_mib = round(mib) if self.process_memory else None
+            sm_util = _round(sm) if self.sm_util else None
+            info = real(job_id) if synthetic is None else synthetic
             known = shown.get(job_id)
             if (
                 known is None
-                or known.info is not info
-                or known.gpu_memory_mib != memory
+                or known.gpu_memory_mib != memory_mib
                 or known.sm_util_pct != sm_util
+                or known.info is not info
             ):
                 known = shown[job_id] = GpuProcess(
-                    pid=info.pid,
-                    gpu=spec.index,
-                    gpu_memory_mib=memory,
-                    info=info,
-                    sm_util_pct=sm_util,
-                    gpu_uuid=gpu.uuid,
+                    info.pid, self.spec.index, memory_mib, info, sm_util, self.uuid
                 )
             processes.append(known)
         return gpu
@@ -571,11 +587,21 @@ class ScenarioSource:
             if self._attributor is not None and alive:
                 real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
             gone = gone | (self.standins.keys() | self.attached.keys()) - alive
+        infos: dict[str, ProcessInfo] = {}
+
+        def real(job_id: str) -> ProcessInfo:
+            """A stand-in's or attached job's process, as attributed for this snapshot."""
+            info = infos.get(job_id)
+            if info is None:
+                pid = self.pid_of(job_id)
+                info = infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
+            return info
+
         gpus: list[GpuState] = []
         processes: list[GpuProcess] = []
         events: list[Event] = []
         for play in segment:
-            gpu = play.state(f, self, gone, alive, real_info, processes)
+            gpu = play.state(f, gone, real, processes)
             gpus.append(gpu)
             index = gpu.index
             if consume:
@@ -624,14 +650,13 @@ class ScenarioSource:
                 self._identity(spec),
                 before[spec.index],
                 None if after is None else after[spec.index],
+                self._synthetic_info,
             )
             for spec in self.scenario.gpus
         ]
 
-    def job_info(self, job_id: str, alive: set[str], real: dict[int, ProcessInfo]) -> ProcessInfo:
-        """What a snapshot says of a job's process: the real one's (stand-in or attached)
-        or the scenario's synthetic attribution."""
+    def _synthetic_info(self, job_id: str) -> ProcessInfo | None:
+        """A job's attribution when the scenario makes it up; None for a real process."""
         if job_id in self.standins or job_id in self.attached:
-            pid = self.pid_of(job_id)
-            return real.get(pid) or ProcessInfo(pid=pid)
+            return None
         return self._info(self._jobs[job_id])
