@@ -24,7 +24,7 @@ import csv
 import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -284,8 +284,13 @@ class Reader:
         return InputError.at(self.file, line, col, what, expected, hint or None)
 
     def records(self, text: str) -> list[Record]:
-        columns, records, last = self.given, [], 0
-        for number, text_line in enumerate(text.split("\n"), start=1):
+        return list(self.iter_records(text.split("\n")))
+
+    def iter_records(self, lines: Iterable[str]) -> Iterator[Record]:
+        """The records of the log's lines (split at ``\\n``), one at a time, as they are
+        read; an error is raised where its line is reached."""
+        columns, last, any_record = self.given, 0, False
+        for number, text_line in enumerate(lines, start=1):
             raw = text_line.rstrip("\r")
             line = raw.strip()
             if not line:
@@ -298,9 +303,10 @@ class Reader:
             handle = _NO_HANDLE.match(line)
             if handle:
                 index = None if handle["index"] is None else int(handle["index"])
-                records.append(Record(number, index=index, bus=handle["bus"], error=line))
+                any_record = True
+                yield Record(number, index=index, bus=handle["bus"], error=line)
                 continue
-            if not records:  # the file's delimiter, told by its first lines
+            if not any_record:  # the file's delimiter, told by its first lines
                 self.delimiter = delimiter_of(raw)
             if self.delimiter == ",":
                 raw = protect_decimal_commas(raw)
@@ -310,12 +316,12 @@ class Reader:
             elif columns is None:
                 raise self.fail(number, 1, "a record before any column names", _HEADER, _NOHEADER)
             else:
-                records.append(self.row(fields, columns, number, raw))
-        if not records:
+                any_record = True
+                yield self.row(fields, columns, number, raw)
+        if not any_record:
             raise self.fail(
                 last or 1, 1, "no GPU records" if last else "the file is empty", EXPECTED_LOG
             )
-        return records
 
     def starts(self, raw: str) -> list[int]:
         return _starts(raw, 0, self.delimiter)
