@@ -489,7 +489,8 @@ def _peak_playing(path: Path) -> int:
         last = None
         for second in range(int(source.duration) + 1):
             last = source.snapshot(source.start_time + second)
-        assert last is not None and last.gpus[3].memory.used_mib == int(source.duration) % 50 * 1000
+        assert last is not None
+        assert last.gpus[3].memory.used_mib == int(source.duration) % 50 * 1000
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
