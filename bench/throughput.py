@@ -47,7 +47,8 @@ from gpuwarden.config import Config
 from gpuwarden.playbook import loader
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.sources import scenario_format
-from gpuwarden.sources.select import SourceSpec, open_source
+from gpuwarden.sources.scenario import ScenarioSource
+from gpuwarden.sources.select import SourceSpec
 from harness import ROOT, banner, from_samples, header, load, profile
 
 TOTAL_MIB = 81559
@@ -208,7 +209,7 @@ def drill_once(
 def playback_once(path: Path, cfg: Config, *, seconds: int | None = None) -> tuple[float, int]:
     """The scenario's snapshots at 1 Hz without the engine, as a drill opens and plays it:
     (wall seconds of the snapshots alone, without loading the file; snapshots)."""
-    source = open_source(SourceSpec("scenario", str(path)), cfg, None, drill=True)
+    source = ScenarioSource.open(path, priorities=cfg.priorities, spawn=False)
     try:
         began = time.perf_counter()
         steps = int(source.duration if seconds is None else seconds)
