@@ -96,25 +96,6 @@ def _lerp(a: float | None, b: float | None, f: float) -> float | None:
     return a + (b - a) * f
 
 
-def _between(before: _GpuValues, after: _GpuValues, f: float) -> _GpuValues:
-    mixed = before.copy()
-    for name, value in after.values.items():
-        if name in _NUMERIC:
-            mixed.values[name] = _lerp(before.values.get(name), value, f)
-        elif f >= 1:
-            mixed.values[name] = value
-    jobs: dict[str, tuple[float, float | None]] = {}
-    for job_id in before.jobs.keys() | after.jobs.keys():
-        mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
-        mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
-        mib = _lerp(mib_a, mib_b, f) or 0.0
-        if (job_id not in after.jobs and f >= 1) or (job_id not in before.jobs and f <= 0):
-            continue  # a job ramping out is gone at the keyframe; one ramping in starts after
-        jobs[job_id] = (mib, _lerp(sm_a, sm_b, f) if job_id in after.jobs else sm_a)
-    mixed.jobs = jobs
-    return mixed
-
-
 def _round(value: float | None) -> int | None:
     return None if value is None else round(value)
 
@@ -151,9 +132,10 @@ class _GpuPlay:
     the previous snapshot's is that same object again: between keyframes that do not ramp
     every snapshot shows the same objects.
 
-    The values are those of interpolating the keyframes' accumulated state (``_between``) at
-    each instant, as playback always has: a numeric field ramps linearly, anything else keeps
-    the earlier keyframe's value until the next keyframe."""
+    A numeric field given at both keyframes ramps linearly (its value at ``f`` is
+    ``a + (b - a) * f``, a float); anything else keeps the earlier keyframe's value until the
+    next keyframe. A job the later keyframe drops ramps down to 0 MiB keeping its SM %; one it
+    adds ramps up from 0 MiB, without an SM %, from just after the earlier keyframe."""
 
     __slots__ = (
         "args",
@@ -245,7 +227,9 @@ class _GpuPlay:
             for job_id, (mib, sm) in before.jobs.items():
                 jobs.append((job_id, mib, 0.0, sm, None, True, info(job_id)))
         else:
-            for job_id in before.jobs.keys() | after.jobs.keys():
+            # In the order the keyframes list them (a set's order would change from run to
+            # run, and with it the order of a GPU's processes and of the steps over them).
+            for job_id in dict.fromkeys([*before.jobs, *after.jobs]):
                 mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
                 mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
                 ends_sm = sm_b if job_id in after.jobs else None
@@ -490,18 +474,6 @@ class ScenarioSource:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- playback ---------------------------------------------------------------------------
-
-    def _state_at(self, offset: float) -> dict[int, _GpuValues]:
-        frames = self.scenario.timeline
-        index = max(0, bisect.bisect_right(self._times, offset) - 1)  # the last one due
-        before = self._states[index]
-        if index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at:
-            nxt = frames[index + 1]
-            span = nxt.at - frames[index].at
-            f = (offset - frames[index].at) / span if span > 0 else 1.0
-            after = self._states[index + 1]
-            return {i: _between(before[i], after[i], f) for i in before}
-        return before
 
     def _events(self, offset: float) -> list[tuple[Keyframe, float]]:
         previous = self._last_offset
