@@ -149,8 +149,15 @@ def protect_decimal_commas(line: str) -> str:
 
 def _split(line: str, start: int = 0, delimiter: str = ",") -> list[str]:
     """The fields of a CSV line from ``start`` on, stripped."""
-    reader = csv.reader([line[start:]], skipinitialspace=True, delimiter=delimiter)
-    return [v.strip().replace(_PROTECTED, ",") for v in next(reader, [])]
+    text = line[start:]
+    if '"' not in text and text.strip():  # what nvidia-smi writes: no quoting to undo
+        fields = [v.strip() for v in text.split(delimiter)]
+    else:
+        reader = csv.reader([text], skipinitialspace=True, delimiter=delimiter)
+        fields = [v.strip() for v in next(reader, [])]
+    if _PROTECTED in text:
+        fields = [v.replace(_PROTECTED, ",") for v in fields]
+    return fields
 
 
 def _starts(line: str, start: int = 0, delimiter: str = ",") -> list[int]:
