@@ -15,6 +15,10 @@ is already in the current one, or when it was taken a second or more after the f
 row (one sample of all GPUs takes well under a second, so a sample that straddles a second
 boundary stays one frame). A frame's time is its first row's. The log has no per-process data:
 snapshots carry GPUs only.
+
+A log is never held whole: ``SmiLog`` surveys it once when it opens (checking every row, and
+keeping only how its GPUs are named and placed and how many samples it has) and then reads it
+again, a chunk at a time, as it plays, so a month of samples plays in the memory of a day.
 """
 
 from __future__ import annotations
