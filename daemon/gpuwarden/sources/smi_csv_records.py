@@ -360,8 +360,10 @@ class Reader:
         record.index, record.bus = record.values.pop("index", None), record.values.get("pci.bus_id")
         record.uuid = record.values.get("uuid")
         for name, got in (("timestamp", record.time), ("index", record.index)):
+            if got is not None or record.error is not None:
+                continue
             where = next((i for i, c in enumerate(columns) if c.name == name), None)
-            if got is None and record.error is None and where is not None:
+            if where is not None:
                 col = self.starts(raw)[where]
                 raise self.fail(number, col, f"this row has no {name}", name)
         return record
