@@ -347,6 +347,8 @@ def _unconstructible(node: yaml.Node) -> tuple[tuple[int, int], str]:
     return (1, 1), "a value YAML cannot read"
 
 
+_RESOLVE: Any = yaml.resolver.Resolver.resolve
+
 if hasattr(yaml, "CSafeLoader"):
     from yaml._yaml import CParser
 
@@ -363,6 +365,18 @@ if hasattr(yaml, "CSafeLoader"):
             yaml.composer.Composer.__init__(self)
             yaml.constructor.SafeConstructor.__init__(self)
             yaml.resolver.Resolver.__init__(self)
+            self._tags: dict[tuple[str, Any], str] = {}
+
+        def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+            """A plain scalar's tag depends on its text alone (the safe loader has no path
+            resolvers): each text is matched against the implicit resolvers once."""
+            if kind is not yaml.ScalarNode or self.yaml_path_resolvers:
+                return str(_RESOLVE(self, kind, value, implicit))
+            key = (value, implicit)
+            tag = self._tags.get(key)
+            if tag is None:
+                tag = self._tags[key] = str(_RESOLVE(self, kind, value, implicit))
+            return tag
 
         get_single_node = yaml.composer.Composer.get_single_node
         compose_document = yaml.composer.Composer.compose_document
