@@ -2,6 +2,7 @@
 
     python bench/run.py                 # everything (telemetry, then engine and drill)
     python bench/run.py telemetry       # one group: telemetry | engine | drill | daemon | report
+    python bench/run.py peer            # ansible-rulebook beside the drill (PyPI, Java 17+)
 
 Each benchmark repeats its operation, reports the median and the spread of several rounds,
 and never asserts a time: machines are noisy, so compare medians and ratios, and always with
@@ -18,11 +19,12 @@ import time
 
 from harness import banner, load
 
-GROUPS = ("telemetry", "engine", "drill", "daemon", "report")
+DEFAULT = ("telemetry", "engine", "drill", "daemon", "report")
+GROUPS = (*DEFAULT, "peer")  # peer installs ansible-rulebook: only when named
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or list(GROUPS)
+    wanted = argv or list(DEFAULT)
     unknown = [g for g in wanted if g not in GROUPS]
     if unknown:
         known = ", ".join(GROUPS)
@@ -50,6 +52,10 @@ def main(argv: list[str]) -> int:
         import report
 
         report.main()
+    if "peer" in wanted:
+        import peer
+
+        peer.main()
     print(f"\nall benchmarks: {time.perf_counter() - began:.0f} s wall · {load()}")
     return 0
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -86,6 +88,46 @@ def test_ramp_interpolates_values_and_a_new_job_from_zero(basic: ScenarioSource)
     notebook = [p for p in snap.processes if p.info.user == "bob"]
     assert notebook[0].gpu_memory_mib == 10000
     assert gpu0.memory.used_mib == 40000 + 10000 + 100
+
+
+RAMPING_JOBS = """
+name: order
+gpus: [{index: 0, memory_total_mib: 81920}]
+jobs:
+  - {id: a, cmdline: a}
+  - {id: b, cmdline: b}
+  - {id: c, cmdline: c}
+  - {id: d, cmdline: d}
+timeline:
+  - {at: 0s, gpus: {0: {jobs: {c: 100, a: 200}}}}
+  - {at: 1m, ramp: true, gpus: {0: {jobs: {d: 300, a: 400, b: 500}}}}
+  - {at: 2m, end: true}
+"""
+
+ORDER_OF_JOBS = """
+import sys
+from gpuwarden.sources.scenario import ScenarioSource
+with ScenarioSource.open(sys.argv[1], spawn=False) as source:
+    snapshot = source.snapshot(source.start_time + 30)
+    print(" ".join(source.job_of(p.pid) or "?" for p in snapshot.processes))
+"""
+
+
+def test_ramping_jobs_are_listed_in_keyframe_order_in_every_run(tmp_path: Path) -> None:
+    """The earlier keyframe's jobs, then those the later one adds, whatever the interpreter's
+    hash seed (the order of a GPU's processes is the order steps act on them in)."""
+    path = write(tmp_path, RAMPING_JOBS)
+    orders = set()
+    for seed in ("1", "2", "3", "4", "5"):
+        done = subprocess.run(
+            [sys.executable, "-c", ORDER_OF_JOBS, str(path)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+        )
+        orders.add(done.stdout.strip())
+    assert orders == {"c a d b"}
 
 
 def test_values_persist_after_a_keyframe(basic: ScenarioSource) -> None:

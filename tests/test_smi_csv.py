@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -457,6 +458,50 @@ def test_replay_from_now_when_start_time_is_moved(three_frames):
     three_frames.start_time = 1_900_000_000.0
     assert three_frames.snapshot(1_900_000_001.2).gpus[0].utilization_pct == 20
     assert three_frames.snapshot(1_899_999_000.0).gpus[0].utilization_pct == 10
+
+
+def test_replay_back_and_forth_shows_the_same_frames(three_frames):
+    """Playing forward reads on; going back reads the log again from its start."""
+    offsets = [0.0, 4.0, 1.5, 600.0, -5.0, 1.0, 3.0, 0.5]
+    seen = [util_at(three_frames, offset) for offset in offsets]
+    assert seen == [10, 30, 20, 30, 10, 20, 20, 10]
+    assert three_frames.position(three_frames.start_time + 1.5).startswith("sample 2 of 3 (line 3)")
+    assert three_frames.sample_offset(3) == 4.0
+
+
+def _long_log(path: Path, samples: int) -> Path:
+    with path.open("w", encoding="utf-8") as out:
+        out.write("timestamp, index, utilization.gpu [%], memory.used [MiB], memory.total [MiB]\n")
+        for n in range(samples):
+            minute, second = divmod(n, 60)
+            hour, minute = divmod(minute, 60)
+            for gpu in range(4):
+                stamp = f"2026/01/{10 + hour // 24:02d} {hour % 24:02d}:{minute:02d}:{second:02d}"
+                out.write(f"{stamp}.{gpu:03d}, {gpu}, {n % 100} %, {n % 50}000 MiB, 81920 MiB\n")
+    return path
+
+
+def _peak_playing(path: Path) -> int:
+    """The most memory (bytes, as tracemalloc counts it) opening and playing a log takes."""
+    tracemalloc.start()
+    try:
+        source = SmiCsvSource(path)
+        last = None
+        for second in range(int(source.duration) + 1):
+            last = source.snapshot(source.start_time + second)
+        assert last is not None
+        assert last.gpus[3].memory.used_mib == int(source.duration) % 50 * 1000
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_long_log_plays_in_the_memory_of_a_short_one(tmp_path):
+    """A log is read as it plays: ten times the samples takes no more memory (a log read
+    whole would take about ten times as much)."""
+    short = _peak_playing(_long_log(tmp_path / "short.csv", 400))
+    long = _peak_playing(_long_log(tmp_path / "long.csv", 4_000))
+    assert long < short * 1.5, (short, long)
 
 
 # --- time zones -------------------------------------------------------------------------------

@@ -172,3 +172,36 @@ def test_nesting_too_deep_is_at_the_level_past_the_limit(text: str) -> None:
     assert problem.col is not None
     line = text.splitlines()[problem.line - 1]
     assert line[problem.col - 1] in "[-"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_YAML = sorted(
+    [*ROOT.glob("scenarios/*.yaml"), *ROOT.glob("playbooks/*.yaml"), ROOT / "config/gpuwarden.yaml"]
+)
+
+
+@pytest.mark.parametrize("path", SHIPPED_YAML, ids=lambda p: p.name)
+def test_libyaml_and_pyyaml_give_the_same_document_and_positions(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libyaml parses where it is there; every position, style and source text it gives is
+    the one PyYAML's own parser gives."""
+    assert yamlfile.FAST is not None, "PyYAML without libyaml: the fast path is not tested"
+    text = path.read_text(encoding="utf-8")
+    fast = yamlfile.parse(text, str(path))
+    monkeypatch.setattr(yamlfile, "FAST", None)
+    pure = yamlfile.parse(text, str(path))
+    assert fast.data == pure.data
+    assert fast.values == pure.values
+    assert fast.keys == pure.keys
+    assert fast.styles == pure.styles
+    assert fast.sources == pure.sources
+
+
+def test_a_syntax_error_reads_as_pyyaml_words_it() -> None:
+    """libyaml refuses the text too, in other words; the message is PyYAML's."""
+    with pytest.raises(InputError) as info:
+        yamlfile.parse("name: a\nitems: [1, 2\nother: 3\n", "f.yaml")
+    (problem,) = info.value.problems
+    assert problem.render().startswith("f.yaml:3:")
+    assert "YAML syntax error: expected ',' or ']', but got ':'" in problem.render()

@@ -324,6 +324,7 @@ class _Messages:
                 timing=timings(config, rules),
             )
         self.facts = MessageFacts()
+        self._quiet = False  # the last tick had no records and no open incident
         self.longest_interval = max(
             [config.notify.group_interval, *(r.group_interval or 0.0 for r in rules)]
         )
@@ -335,6 +336,12 @@ class _Messages:
         if self.told is not None:  # the notifier's, and alerts for Alertmanager targets
             self.told.observe(records, snapshot, incidents, now)
             return
+        if not records and not incidents:
+            if self._quiet:  # nothing to tell, and the first quiet tick forgot the rest
+                return
+            self._quiet = True
+        else:
+            self._quiet = False
         self.notifier.observe(records, now)
         wanted = self.notifier.grouper.knows  # only incidents a message may still show
         self.notifier.observe((), now, incidents=self.facts.of(snapshot, incidents, wanted))

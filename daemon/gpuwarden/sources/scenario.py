@@ -14,8 +14,8 @@ import datetime as dt
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -96,27 +96,213 @@ def _lerp(a: float | None, b: float | None, f: float) -> float | None:
     return a + (b - a) * f
 
 
-def _between(before: _GpuValues, after: _GpuValues, f: float) -> _GpuValues:
-    mixed = before.copy()
-    for name, value in after.values.items():
-        if name in _NUMERIC:
-            mixed.values[name] = _lerp(before.values.get(name), value, f)
-        elif f >= 1:
-            mixed.values[name] = value
-    jobs: dict[str, tuple[float, float | None]] = {}
-    for job_id in before.jobs.keys() | after.jobs.keys():
-        mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
-        mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
-        mib = _lerp(mib_a, mib_b, f) or 0.0
-        if (job_id not in after.jobs and f >= 1) or (job_id not in before.jobs and f <= 0):
-            continue  # a job ramping out is gone at the keyframe; one ramping in starts after
-        jobs[job_id] = (mib, _lerp(sm_a, sm_b, f) if job_id in after.jobs else sm_a)
-    mixed.jobs = jobs
-    return mixed
-
-
 def _round(value: float | None) -> int | None:
     return None if value is None else round(value)
+
+
+_ZERO_ECC = {
+    "volatile_corrected": 0,
+    "volatile_uncorrected": 0,
+    "aggregate_corrected": 0,
+    "aggregate_uncorrected": 0,
+}
+_ZERO_ROWS = {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+# The GPU fields that ramp (rounded to whole numbers or not), and where each stands among
+# GpuState's fields: playback builds a state from a list of its fields in their order.
+_RAMPED = (
+    ("utilization_pct", True),
+    ("memory_utilization_pct", True),
+    ("temperature_c", True),
+    ("power_w", False),
+)
+_GPU_FIELDS = tuple(f.name for f in fields(GpuState))
+_MEMORY_AT = _GPU_FIELDS.index("memory")
+
+# A job's place in a segment: its id, MiB at the segment's start and its change over the
+# segment, SM % at both ends (None at the end: it keeps the start's), whether it is there at
+# the start, and its synthetic attribution (None: a real process's, asked per snapshot).
+_Job = tuple[str, float, float, Any, Any, bool, ProcessInfo | None]
+
+
+class _GpuPlay:
+    """How one GPU plays between two keyframes, worked out once for the segment: everything
+    that cannot change inside it (identity, ECC and row counters, throttle reasons, P-state,
+    the jobs it holds) is built when playback enters the segment, and only the fields that
+    ramp are interpolated per snapshot. A ``GpuState``, ``Memory`` or ``GpuProcess`` equal to
+    the previous snapshot's is that same object again: between keyframes that do not ramp
+    every snapshot shows the same objects.
+
+    A numeric field given at both keyframes ramps linearly (its value at ``f`` is
+    ``a + (b - a) * f``, a float); anything else keeps the earlier keyframe's value until the
+    next keyframe. A job the later keyframe drops ramps down to 0 MiB keeping its SM %; one it
+    adds ramps up from 0 MiB, without an SM %, from just after the earlier keyframe."""
+
+    __slots__ = (
+        "args",
+        "built",
+        "jobs",
+        "lost",
+        "memory",
+        "other_mib",
+        "process_memory",
+        "processes",
+        "ramping",
+        "ramps",
+        "reserved",
+        "sm_util",
+        "spec",
+        "total",
+        "used_given",
+        "uuid",
+    )
+
+    def __init__(
+        self,
+        spec: GpuSpec,
+        identity: tuple[str, str],
+        before: _GpuValues,
+        after: _GpuValues | None,
+        info: Callable[[str], ProcessInfo | None],
+    ) -> None:
+        self.spec = spec
+        v = before.values
+        unsupported = set(spec.unsupported)
+        uuid, bus = identity
+        self.uuid = uuid
+        self.lost: GpuState | None = None
+        lost = v.get("lost")
+        if lost:
+            reason = lost if isinstance(lost, str) else "GPU is lost"
+            self.lost = GpuState(
+                index=spec.index, name=spec.name, uuid=uuid, pci_bus_id=bus, lost=True, error=reason
+            )
+
+        def get(name: str) -> Any:
+            return None if name in unsupported else v.get(name)
+
+        ecc, remapped, retired, throttle = (
+            get(n) for n in ("ecc", "remapped_rows", "retired_pages", "throttle")
+        )
+        self.total = spec.memory_total_mib
+        self.reserved = None if "memory_reserved_mib" in unsupported else spec.memory_reserved_mib
+        template = GpuState(
+            index=spec.index,
+            name=spec.name,
+            uuid=uuid,
+            pci_bus_id=bus,
+            power_limit_w=None if "power_limit_w" in unsupported else spec.power_limit_w,
+            throttle=None if "throttle" in unsupported else tuple(throttle or ()),
+            ecc=None if "ecc" in unsupported else Ecc(**(ecc.model_dump() if ecc else _ZERO_ECC)),
+            remapped_rows=None
+            if "remapped_rows" in unsupported or retired is not None
+            else RemappedRows(**(remapped.model_dump() if remapped else _ZERO_ROWS)),
+            retired_pages=RetiredPages(**retired.model_dump()) if retired else None,
+            pstate=None if "pstate" in unsupported else (v.get("pstate") or 0),
+            mig_mode=None if "mig_mode" in unsupported else spec.mig_mode,
+        )
+        self.args: list[Any] = [getattr(template, name) for name in _GPU_FIELDS]
+        # A numeric field ramps where both keyframes give it; otherwise it keeps the earlier
+        # keyframe's value (None where that has none) throughout.
+        self.ramps = after is not None
+        nxt = after.values if after is not None else {}
+        self.ramping: list[tuple[int, Any, Any, bool]] = []
+        for name, rounded in _RAMPED:
+            at = _GPU_FIELDS.index(name)
+            a, b = (None, None) if name in unsupported else (v.get(name), nxt.get(name))
+            if a is not None and b is not None:
+                self.ramping.append((at, a, b - a, rounded))
+            else:
+                self.args[at] = _round(a) if rounded else a
+
+        def ends(name: str) -> tuple[Any, Any]:
+            a, b = v.get(name), nxt.get(name)
+            return (a, None) if a is None or b is None else (a, b - a)
+
+        self.used_given = ends("memory_used_mib")
+        self.other_mib = ends("other_mib")
+        self.process_memory = "process_memory" not in unsupported
+        self.sm_util = "sm_util" not in unsupported
+        jobs: list[_Job] = []
+        if after is None:
+            for job_id, (mib, sm) in before.jobs.items():
+                jobs.append((job_id, mib, 0.0, sm, None, True, info(job_id)))
+        else:
+            # In the order the keyframes list them (a set's order would change from run to
+            # run, and with it the order of a GPU's processes and of the steps over them).
+            for job_id in dict.fromkeys([*before.jobs, *after.jobs]):
+                mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
+                mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
+                ends_sm = sm_b if job_id in after.jobs else None
+                there = job_id in before.jobs
+                jobs.append((job_id, mib_a, mib_b - mib_a, sm_a, ends_sm, there, info(job_id)))
+        self.jobs = jobs
+        self.built: GpuState | None = None
+        self.memory: Memory | None = None
+        self.processes: dict[str, GpuProcess] = {}
+
+    def state(
+        self,
+        f: float,
+        gone: set[str],
+        real: Callable[[str], ProcessInfo],
+        processes: list[GpuProcess],
+    ) -> GpuState:
+        """The GPU at ``f`` (0 <= f < 1) of the segment's ramp without the jobs in ``gone``;
+        its processes are appended to ``processes`` (``real`` tells a real process's facts)."""
+        if self.lost is not None:
+            return self.lost
+        ramps = self.ramps
+        present: list[tuple[str, float, Any, ProcessInfo | None]] = []
+        for job_id, mib_a, mib_d, sm_a, sm_b, there, info in self.jobs:
+            if job_id in gone:
+                continue
+            if not ramps:
+                present.append((job_id, mib_a, sm_a, info))
+            elif there or f > 0:  # a job ramping in starts after the keyframe
+                mib = mib_a + mib_d * f or 0.0
+                present.append((job_id, mib, sm_a if sm_b is None else _lerp(sm_a, sm_b, f), info))
+        a, d = self.used_given
+        used = a if d is None else a + d * f
+        if used is None:
+            a, d = self.other_mib
+            other = a if d is None else a + d * f
+            used = sum(job[1] for job in present) + (other or 0)
+        used_mib = min(round(used), self.total)
+        args = self.args
+        changed = self.built is None
+        memory = self.memory
+        if memory is None or memory.used_mib != used_mib:
+            total = self.total
+            memory = self.memory = Memory(total, used_mib, total - used_mib, self.reserved)
+            args[_MEMORY_AT] = memory
+            changed = True
+        for at, x, dx, rounded in self.ramping:
+            value = x + dx * f
+            if rounded:
+                value = round(value)
+            if value != args[at]:
+                args[at] = value
+                changed = True
+        gpu = self.built
+        if changed or gpu is None:
+            gpu = self.built = GpuState(*args)
+        shown = self.processes
+        for job_id, mib, sm, synthetic in present:
+            memory_mib = round(mib) if self.process_memory else None
+            sm_util = _round(sm) if self.sm_util else None
+            info = real(job_id) if synthetic is None else synthetic
+            known = shown.get(job_id)
+            if (
+                known is None
+                or known.gpu_memory_mib != memory_mib
+                or known.sm_util_pct != sm_util
+                or known.info is not info
+            ):
+                known = shown[job_id] = GpuProcess(
+                    info.pid, self.spec.index, memory_mib, info, sm_util, self.uuid
+                )
+            processes.append(known)
+        return gpu
 
 
 class ScenarioSource:
@@ -163,6 +349,8 @@ class ScenarioSource:
         self._infos: dict[str, ProcessInfo] = {}
         self._last_offset: float | None = None
         self._lost: dict[int, bool] = {}
+        self._segment_key: tuple[int, bool] | None = None  # the segment being played
+        self._segment: list[_GpuPlay] = []
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-scenario-"))
         self.standins: dict[str, Standin] = {}
@@ -287,18 +475,6 @@ class ScenarioSource:
 
     # -- playback ---------------------------------------------------------------------------
 
-    def _state_at(self, offset: float) -> dict[int, _GpuValues]:
-        frames = self.scenario.timeline
-        index = max(0, bisect.bisect_right(self._times, offset) - 1)  # the last one due
-        before = self._states[index]
-        if index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at:
-            nxt = frames[index + 1]
-            span = nxt.at - frames[index].at
-            f = (offset - frames[index].at) / span if span > 0 else 1.0
-            after = self._states[index + 1]
-            return {i: _between(before[i], after[i], f) for i in before}
-        return before
-
     def _events(self, offset: float) -> list[tuple[Keyframe, float]]:
         previous = self._last_offset
         first = 0 if previous is None else bisect.bisect_right(self._times, previous)
@@ -347,79 +523,6 @@ class ScenarioSource:
         )
         return replace(info, priority=self._resolver.resolve(info))
 
-    def _gpu_state(self, spec: GpuSpec, values: _GpuValues, present: dict[str, float]) -> GpuState:
-        v = values.values
-        unsupported = set(spec.unsupported)
-
-        def get(name: str) -> Any:
-            return None if name in unsupported else v.get(name)
-
-        lost = v.get("lost")
-        if lost:
-            reason = lost if isinstance(lost, str) else "GPU is lost"
-            return GpuState(
-                index=spec.index,
-                name=spec.name,
-                uuid=self._identity(spec)[0],
-                pci_bus_id=self._identity(spec)[1],
-                lost=True,
-                error=reason,
-            )
-        used = v.get("memory_used_mib")
-        if used is None:
-            used = sum(present.values()) + (v.get("other_mib") or 0)
-        used_mib = min(round(used), spec.memory_total_mib)
-        ecc = get("ecc")
-        remapped = get("remapped_rows")
-        retired = get("retired_pages")
-        throttle = get("throttle")
-        return GpuState(
-            index=spec.index,
-            name=spec.name,
-            uuid=self._identity(spec)[0],
-            pci_bus_id=self._identity(spec)[1],
-            memory=Memory(
-                total_mib=spec.memory_total_mib,
-                used_mib=used_mib,
-                free_mib=spec.memory_total_mib - used_mib,
-                reserved_mib=None
-                if "memory_reserved_mib" in unsupported
-                else spec.memory_reserved_mib,
-            ),
-            utilization_pct=_round(get("utilization_pct")),
-            memory_utilization_pct=_round(get("memory_utilization_pct")),
-            temperature_c=_round(get("temperature_c")),
-            power_w=get("power_w"),
-            power_limit_w=None if "power_limit_w" in unsupported else spec.power_limit_w,
-            throttle=None if "throttle" in unsupported else tuple(throttle or ()),
-            ecc=None
-            if "ecc" in unsupported
-            else Ecc(
-                **(
-                    ecc.model_dump()
-                    if ecc
-                    else {
-                        "volatile_corrected": 0,
-                        "volatile_uncorrected": 0,
-                        "aggregate_corrected": 0,
-                        "aggregate_uncorrected": 0,
-                    }
-                )
-            ),
-            remapped_rows=None
-            if "remapped_rows" in unsupported or retired is not None
-            else RemappedRows(
-                **(
-                    remapped.model_dump()
-                    if remapped
-                    else {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
-                )
-            ),
-            retired_pages=RetiredPages(**retired.model_dump()) if retired else None,
-            pstate=None if "pstate" in unsupported else (v.get("pstate") or 0),
-            mig_mode=None if "mig_mode" in unsupported else spec.mig_mode,
-        )
-
     def _identity(self, spec: GpuSpec) -> tuple[str, str]:
         """A GPU's UUID and PCI bus id: fixed for the scenario, so derived once."""
         known = self._ids.get(spec.index)
@@ -446,64 +549,46 @@ class ScenarioSource:
 
     def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
         offset = max(0.0, now - self.start_time)
-        state = self._state_at(offset)
-        alive = {job_id for job_id, s in self.standins.items() if s.alive()}
-        alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
+        segment, f = self._segment_at(offset)
+        alive: set[str] = set()
         real_info: dict[int, ProcessInfo] = {}
-        if self._attributor is not None and alive:
-            real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
+        gone = self._vanished
+        if self.standins or self.attached:
+            alive = {job_id for job_id, s in self.standins.items() if s.alive()}
+            alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
+            if self._attributor is not None and alive:
+                real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
+            gone = gone | (self.standins.keys() | self.attached.keys()) - alive
         infos: dict[str, ProcessInfo] = {}
+
+        def real(job_id: str) -> ProcessInfo:
+            """A stand-in's or attached job's process, as attributed for this snapshot."""
+            info = infos.get(job_id)
+            if info is None:
+                pid = self.pid_of(job_id)
+                info = infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
+            return info
+
         gpus: list[GpuState] = []
         processes: list[GpuProcess] = []
         events: list[Event] = []
-        for spec in self.scenario.gpus:
-            values = state[spec.index]
-            present = {
-                j: mib
-                for j, (mib, _sm) in values.jobs.items()
-                if (j in alive or (j not in self.standins and j not in self.attached))
-                and j not in self._vanished
-            }
-            gpu = self._gpu_state(spec, values, present)
+        for play in segment:
+            gpu = play.state(f, gone, real, processes)
             gpus.append(gpu)
-            was_lost = self._lost.get(spec.index, False)
-            if consume and gpu.lost and not was_lost and self._last_offset is not None:
-                events.append(
-                    Event(EventKind.GPU_LOST, now, spec.index, None, gpu.error or "GPU is lost")
-                )
+            index = gpu.index
             if consume:
-                self._lost[spec.index] = gpu.lost
-            if gpu.lost:
-                continue
-            for job_id, mib in present.items():
-                job = self._jobs[job_id]
-                if job_id not in infos:
-                    if job_id in self.standins or job_id in self.attached:
-                        pid = self.pid_of(job_id)
-                        infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
-                    else:
-                        infos[job_id] = self._info(job)
-                info = infos[job_id]
-                memory: int | None = round(mib)
-                sm = values.jobs[job_id][1]
-                if "process_memory" in spec.unsupported:
-                    memory = None
-                processes.append(
-                    GpuProcess(
-                        pid=info.pid,
-                        gpu=spec.index,
-                        gpu_memory_mib=memory,
-                        info=info,
-                        sm_util_pct=None if "sm_util" in spec.unsupported else _round(sm),
-                        gpu_uuid=gpu.uuid,
+                if gpu.lost and not self._lost.get(index, False) and self._last_offset is not None:
+                    events.append(
+                        Event(EventKind.GPU_LOST, now, index, None, gpu.error or "GPU is lost")
                     )
-                )
+                self._lost[index] = gpu.lost
         if consume:
             for frame, when in self._events(offset):
                 for e in frame.events:
                     events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
             self._last_offset = offset
-        events.sort(key=lambda e: e.time)
+        if len(events) > 1:
+            events.sort(key=lambda e: e.time)
         return Snapshot(
             host=self.scenario.host,
             time=now,
@@ -512,3 +597,38 @@ class ScenarioSource:
             events=tuple(events),
             source=self.name,
         )
+
+    def _segment_at(self, offset: float) -> tuple[list[_GpuPlay], float]:
+        """The playback plans of the keyframe segment ``offset`` falls in, and how far into
+        its ramp it is (0 where it does not ramp)."""
+        frames = self.scenario.timeline
+        index = max(0, bisect.bisect_right(self._times, offset) - 1)  # the last one due
+        ramps = index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at
+        key = (index, ramps)
+        if self._segment_key != key:
+            self._segment_key = key
+            self._segment = self._plan(index, ramps)
+        if not ramps:
+            return self._segment, 0.0
+        span = frames[index + 1].at - frames[index].at
+        return self._segment, (offset - frames[index].at) / span if span > 0 else 1.0
+
+    def _plan(self, index: int, ramps: bool) -> list[_GpuPlay]:
+        before = self._states[index]
+        after = self._states[index + 1] if ramps else None
+        return [
+            _GpuPlay(
+                spec,
+                self._identity(spec),
+                before[spec.index],
+                None if after is None else after[spec.index],
+                self._synthetic_info,
+            )
+            for spec in self.scenario.gpus
+        ]
+
+    def _synthetic_info(self, job_id: str) -> ProcessInfo | None:
+        """A job's attribution when the scenario makes it up; None for a real process."""
+        if job_id in self.standins or job_id in self.attached:
+            return None
+        return self._info(self._jobs[job_id])

@@ -24,7 +24,7 @@ import csv
 import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -149,8 +149,15 @@ def protect_decimal_commas(line: str) -> str:
 
 def _split(line: str, start: int = 0, delimiter: str = ",") -> list[str]:
     """The fields of a CSV line from ``start`` on, stripped."""
-    reader = csv.reader([line[start:]], skipinitialspace=True, delimiter=delimiter)
-    return [v.strip().replace(_PROTECTED, ",") for v in next(reader, [])]
+    text = line[start:]
+    if '"' not in text and text.strip():  # what nvidia-smi writes: no quoting to undo
+        fields = [v.strip() for v in text.split(delimiter)]
+    else:
+        reader = csv.reader([text], skipinitialspace=True, delimiter=delimiter)
+        fields = [v.strip() for v in next(reader, [])]
+    if _PROTECTED in text:
+        fields = [v.replace(_PROTECTED, ",") for v in fields]
+    return fields
 
 
 def _starts(line: str, start: int = 0, delimiter: str = ",") -> list[int]:
@@ -284,8 +291,13 @@ class Reader:
         return InputError.at(self.file, line, col, what, expected, hint or None)
 
     def records(self, text: str) -> list[Record]:
-        columns, records, last = self.given, [], 0
-        for number, text_line in enumerate(text.split("\n"), start=1):
+        return list(self.iter_records(text.split("\n")))
+
+    def iter_records(self, lines: Iterable[str]) -> Iterator[Record]:
+        """The records of the log's lines (split at ``\\n``), one at a time, as they are
+        read; an error is raised where its line is reached."""
+        columns, last, any_record = self.given, 0, False
+        for number, text_line in enumerate(lines, start=1):
             raw = text_line.rstrip("\r")
             line = raw.strip()
             if not line:
@@ -298,9 +310,10 @@ class Reader:
             handle = _NO_HANDLE.match(line)
             if handle:
                 index = None if handle["index"] is None else int(handle["index"])
-                records.append(Record(number, index=index, bus=handle["bus"], error=line))
+                any_record = True
+                yield Record(number, index=index, bus=handle["bus"], error=line)
                 continue
-            if not records:  # the file's delimiter, told by its first lines
+            if not any_record:  # the file's delimiter, told by its first lines
                 self.delimiter = delimiter_of(raw)
             if self.delimiter == ",":
                 raw = protect_decimal_commas(raw)
@@ -310,12 +323,12 @@ class Reader:
             elif columns is None:
                 raise self.fail(number, 1, "a record before any column names", _HEADER, _NOHEADER)
             else:
-                records.append(self.row(fields, columns, number, raw))
-        if not records:
+                any_record = True
+                yield self.row(fields, columns, number, raw)
+        if not any_record:
             raise self.fail(
                 last or 1, 1, "no GPU records" if last else "the file is empty", EXPECTED_LOG
             )
-        return records
 
     def starts(self, raw: str) -> list[int]:
         return _starts(raw, 0, self.delimiter)
@@ -347,8 +360,10 @@ class Reader:
         record.index, record.bus = record.values.pop("index", None), record.values.get("pci.bus_id")
         record.uuid = record.values.get("uuid")
         for name, got in (("timestamp", record.time), ("index", record.index)):
+            if got is not None or record.error is not None:
+                continue
             where = next((i for i, c in enumerate(columns) if c.name == name), None)
-            if got is None and record.error is None and where is not None:
+            if where is not None:
                 col = self.starts(raw)[where]
                 raise self.fail(number, col, f"this row has no {name}", name)
         return record
