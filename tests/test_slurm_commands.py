@@ -272,7 +272,6 @@ def test_without_slurm_its_tests_skip_but_fail_under_ci(tmp_path: Path, ci: str)
         "PATH": str(tmp_path / "no-slurm-here"),
         "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "daemon"))),
         "CI": ci,
-        "COLUMNS": "400",  # the summary line whole: pytest cuts it to the terminal's width
     }
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(test)],
@@ -283,9 +282,10 @@ def test_without_slurm_its_tests_skip_but_fail_under_ci(tmp_path: Path, ci: str)
         timeout=120,
         check=False,
     )
-    assert "Slurm is not installed here (sbatch, scontrol, scancel, squeue, sinfo not found)" in (
-        done.stdout
-    )
+    # The daemons (munged, slurmctld, slurmd) are looked for in /usr/sbin as well, so whether
+    # they are named depends on the machine; the commands never are on this PATH.
+    assert "Slurm is not installed here (" in done.stdout
+    assert "sbatch, scontrol, scancel, squeue, sinfo not found)" in done.stdout
     if ci:
         assert done.returncode == 1
         assert "1 error" in done.stdout
