@@ -20,7 +20,7 @@ view names those keys too: ``view(process_key, now, also=(gpu_key, host_key))``.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -155,6 +155,21 @@ class History:
             self.record_held(scope_key, series, value is True, now)
         else:
             self.record(scope_key, series, None if isinstance(value, bool) else value, now)
+
+    def record_many(
+        self,
+        scope_keys: Sequence[Hashable],
+        series: Series,
+        values: Sequence[float | bool | None],
+        now: float,
+    ) -> None:
+        """``series`` sampled in many scopes (``Series.sample_rows``): as ``observe`` in each."""
+        if series.kind == "held":
+            for key, value in zip(scope_keys, values, strict=True):
+                self.record_held(key, series, value is True, now)
+        else:
+            for key, value in zip(scope_keys, values, strict=True):
+                self.record(key, series, None if isinstance(value, bool) else value, now)
 
     def need_window(self, sid: int, window: float) -> None:
         """Keep at least ``window`` seconds of series ``sid`` from now on."""
