@@ -109,6 +109,26 @@ class History:
         # Series id -> the longest window anything needs of it: from the Series when one is
         # recorded, and from the queries themselves (a bare id brings no window).
         self._windows: dict[int, float] = {}
+        # (scope key, also) -> the series maps a view of it reads; emptied whenever a scope's
+        # maps are added or dropped (see _scope_values, _scope_since, forget).
+        self._maps: dict[
+            tuple[Hashable, tuple[Hashable, ...]],
+            tuple[tuple[Mapping[int, Track], ...], tuple[Mapping[int, float], ...]],
+        ] = {}
+
+    def _scope_values(self, scope_key: Hashable) -> dict[int, Track]:
+        tracks = self._values.get(scope_key)
+        if tracks is None:
+            tracks = self._values[scope_key] = {}
+            self._maps.clear()
+        return tracks
+
+    def _scope_since(self, scope_key: Hashable) -> dict[int, float]:
+        since = self._since.get(scope_key)
+        if since is None:
+            since = self._since[scope_key] = {}
+            self._maps.clear()
+        return since
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -118,7 +138,7 @@ class History:
         sid = _sid(series)
         if not isinstance(series, int):
             self.need_window(sid, series.window)
-        tracks = self._values.setdefault(scope_key, {})
+        tracks = self._scope_values(scope_key)
         track = tracks.get(sid)
         if track is None:
             if value is None:
@@ -137,7 +157,7 @@ class History:
     def record_held(
         self, scope_key: Hashable, series: Series | int, is_true: bool, now: float
     ) -> None:
-        since = self._since.setdefault(scope_key, {})
+        since = self._scope_since(scope_key)
         sid = _sid(series)
         if not is_true:
             since.pop(sid, None)
@@ -183,11 +203,15 @@ class History:
     ) -> HistoryView:
         """The history of ``scope_key`` at ``now``; series not recorded under it are looked up
         under the keys in ``also`` (the scope's GPU, the host), first found wins."""
-        values, since = [self._values.get(scope_key, _EMPTY)], [self._since.get(scope_key, _EMPTY)]
-        for key in also:  # a loop, not a generator: this runs for every scope every tick
-            values.append(self._values.get(key, _EMPTY))
-            since.append(self._since.get(key, _EMPTY))
-        return ScopeHistory(tuple(values), tuple(since), now, self)
+        also = tuple(also)
+        maps = self._maps.get((scope_key, also))
+        if maps is None:
+            keys = (scope_key, *also)
+            maps = self._maps[(scope_key, also)] = (
+                tuple(self._values.get(key, _EMPTY) for key in keys),
+                tuple(self._since.get(key, _EMPTY) for key in keys),
+            )
+        return ScopeHistory(maps[0], maps[1], now, self)
 
     def scope_keys(self) -> set[Hashable]:
         return set(self._values) | set(self._since)
@@ -197,6 +221,7 @@ class History:
         for key in scope_keys:
             self._values.pop(key, None)
             self._since.pop(key, None)
+            self._maps.clear()
 
     def forget_except(self, scope_keys_seen: Collection[Hashable]) -> None:
         """Drop the history of every scope not in ``scope_keys_seen``."""
@@ -224,11 +249,12 @@ class ScopeHistory:
 
     def _window(self, series: int, window: float) -> tuple[Track | None, int, int]:
         self._history.need_window(series, window)
-        track = next((t for m in self._values if (t := m.get(series)) is not None), None)
-        if track is None:
-            return None, 0, 0
-        i, j = track.span(self._now, window)
-        return track, i, j
+        for found in self._values:  # the scope's own, then its GPU's, then the host's
+            track = found.get(series)
+            if track is not None:
+                i, j = track.span(self._now, window)
+                return track, i, j
+        return None, 0, 0
 
     def avg(self, series: int, window: float) -> float | None:
         track, i, j = self._window(series, window)
@@ -269,5 +295,8 @@ class ScopeHistory:
         return mean_v + slope * (self._now + horizon - track.base - mean_x)
 
     def held_for(self, series: int) -> float:
-        since = next((s for m in self._since if (s := m.get(series)) is not None), None)
-        return 0.0 if since is None else max(0.0, self._now - since)
+        for found in self._since:  # the scope's own, then its GPU's, then the host's
+            since = found.get(series)
+            if since is not None:
+                return max(0.0, self._now - since)
+        return 0.0

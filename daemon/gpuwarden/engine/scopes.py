@@ -10,6 +10,7 @@ or has a state for. ``SCOPES`` (one ``Scope`` per scope, every tick) is the plai
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ class Scope:
     event: Event | None = None
 
 
+@functools.cache
 def gpu_key(index: int) -> str:
     return f"gpu:{index}"
 
