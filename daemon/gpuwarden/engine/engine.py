@@ -26,6 +26,7 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Container, Iterable
 from typing import Any
 
@@ -46,8 +47,10 @@ from gpuwarden.engine.scopes import (
     scope_sets,
 )
 from gpuwarden.model import Hold, Intent, NextStep, Outcome, RuleChange, Silence, Snapshot
+from gpuwarden.playbook.expr import Shared, shared
 from gpuwarden.playbook.fields import tick_env
-from gpuwarden.playbook.loader import PlaybookSet
+from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
+from gpuwarden.timewindow import Schedule
 
 __all__ = ["Engine", "Env", "Records"]
 
@@ -73,6 +76,8 @@ class Engine:
         self._ladder = Ladder(Planner(ProtectedMatcher(config.protected, self_pid=self_pid)))
         self._lifecycle = Lifecycle(self._ladder, self._env, self.tz)
         self._last_run: dict[str, float] = {}
+        # rule -> (last run, tz, schedule, the next run after it): see _due
+        self._next_runs: dict[str, tuple[float, dt.tzinfo, Schedule, float]] = {}
         # Environments of this tick's scopes (see _env); emptied at the start of each tick.
         self._envs: dict[tuple[str, Any], Env] = {}
         # reference: evaluate every rule in every scope of every tick, each in a fresh
@@ -237,7 +242,8 @@ class Engine:
             sets = {kind: ScopeSet.of(kind, make(snapshot)) for kind, make in SCOPES.items()}
         else:
             sets = scope_sets(snapshot, self._process_keys)
-        self._record_history(sets, base, now)
+        common = shared(base)
+        self._record_history(sets, base, common, now)
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
         if not self._reference:
@@ -250,8 +256,7 @@ class Engine:
                 # Counted from when the engine first saw the rule: a daemon started on
                 # Tuesday does not run last Monday's check, however long its ticks.
                 last = self._last_run.setdefault(rule.name, now)
-                due = rule.every.due(last, now, self.tz)
-                if not due:
+                if not self._due(rule, last, now):
                     lifecycle.advance_open(rule, scopes, snapshot, base, now, changes, intents)
                     continue
                 self._last_run[rule.name] = latest_instant(rule.every, last, now, self.tz)
@@ -262,7 +267,7 @@ class Engine:
                     if rule.when.test(self._fresh_env(base, scopes.scope(i)))
                 ]
             else:
-                holding = rule.when.holding(scopes.rows, base)
+                holding = rule.when.holding(scopes.rows, base, common)
             lifecycle.evaluate(
                 rule,
                 scopes,
@@ -278,7 +283,23 @@ class Engine:
 
     # -- history and environments -----------------------------------------------------------
 
-    def _record_history(self, sets: dict[str, ScopeSet], base: Env, now: float) -> None:
+    def _due(self, rule: CompiledRule, last: float, now: float) -> bool:
+        """``rule.every.due(last, now)``, the next run remembered until ``last`` changes."""
+        every = rule.every
+        assert every is not None
+        known = self._next_runs.get(rule.name)
+        if known is None or known[0] != last or known[1] is not self.tz or known[2] != every:
+            known = self._next_runs[rule.name] = (
+                last,
+                self.tz,
+                every,
+                every.next_run(last, self.tz),
+            )
+        return known[3] <= now
+
+    def _record_history(
+        self, sets: dict[str, ScopeSet], base: Env, common: Shared, now: float
+    ) -> None:
         if not self.playbooks.series:
             return
         seen: set[str] = set()
@@ -290,7 +311,8 @@ class Engine:
                     scope = scopes.scope(i)
                     history.observe(scope.key, series, self._fresh_env(base, scope), now)
             else:
-                history.record_many(scopes.keys, series, series.sample_rows(scopes.rows, base), now)
+                values = series.sample_rows(scopes.rows, base, common)
+                history.record_many(scopes.keys, series, values, now)
             seen.update(scopes.keys)
         history.forget_except(seen)
 
@@ -299,8 +321,13 @@ class Engine:
         view = self.history.view
         rows = []
         for key, (gpu, process, event, _) in zip(scopes.keys, scopes.rows, strict=True):
-            index = gpu.index if gpu is not None else (event.gpu if event is not None else None)
-            rows.append((gpu, process, event, view(key, now, also=history_keys(key, index))))
+            if gpu is not None:
+                also = history_keys(key, gpu.index)
+            elif event is not None:
+                also = history_keys(key, event.gpu)
+            else:
+                also = _HOST
+            rows.append((gpu, process, event, view(key, now, also=also)))
         scopes.rows = rows
 
     def _env(self, base: Env, scope: Scope) -> Env:
@@ -328,6 +355,9 @@ class Engine:
         )
         env["_h"] = self.history.view(scope.key, base["_now"], also=history_keys(scope.key, gpu))
         return env
+
+
+_HOST = ("host",)
 
 
 def _history_kinds(playbooks: PlaybookSet) -> tuple[str, ...]:

@@ -183,13 +183,45 @@ class History:
         values: Sequence[float | bool | None],
         now: float,
     ) -> None:
-        """``series`` sampled in many scopes (``Series.sample_rows``): as ``observe`` in each."""
+        """``series`` sampled in many scopes (``Series.sample_rows``): as ``observe`` in each
+        (``record_held`` or ``record``, written out here: this runs every tick)."""
+        sid = series.id
         if series.kind == "held":
+            since_of = self._since
             for key, value in zip(scope_keys, values, strict=True):
-                self.record_held(key, series, value is True, now)
-        else:
-            for key, value in zip(scope_keys, values, strict=True):
-                self.record(key, series, None if isinstance(value, bool) else value, now)
+                since = since_of.get(key)
+                if since is None:
+                    since = self._scope_since(key)
+                if value is not True:
+                    since.pop(sid, None)
+                elif since.get(sid, now) > now:
+                    since[sid] = now  # the clock went back
+                else:
+                    since.setdefault(sid, now)
+            return
+        self.need_window(sid, series.window)
+        window = self._windows.get(sid)
+        oldest = None if window is None else now - window
+        tracks_of = self._values
+        for key, sampled in zip(scope_keys, values, strict=True):
+            tracks = tracks_of.get(key)
+            if tracks is None:
+                tracks = self._scope_values(key)
+            track = tracks.get(sid)
+            value = None if isinstance(sampled, bool) else sampled
+            if track is None:
+                if value is None:
+                    continue
+                track = tracks[sid] = Track(now)
+            times = track.times
+            last = times[-1] if len(times) > track.start else None
+            if last is not None and last > now:
+                track = tracks[sid] = Track(now)  # the clock went back (a new drill)
+            if value is not None:
+                if last == now:
+                    track.pop()  # recorded twice in one tick: the last value wins
+                track.append(now, float(value))
+            track.trim(oldest, self.max_samples)
 
     def need_window(self, sid: int, window: float) -> None:
         """Keep at least ``window`` seconds of series ``sid`` from now on."""

@@ -66,7 +66,7 @@ from gpuwarden.playbook.expr_rewrite import Translator
 from gpuwarden.playbook.expr_text import ExprError, prepare
 from gpuwarden.playbook.fields import ROOTS, helper_globals
 
-__all__ = ["Compiled", "Compiler", "ExprError", "HistoryView", "Row", "Series"]
+__all__ = ["Compiled", "Compiler", "ExprError", "HistoryView", "Row", "Series", "Shared", "shared"]
 
 # What evaluation turns into "unknown" rather than raising. A NameError (a root the engine
 # did not put in the environment) is a bug in the caller and is not caught.
@@ -89,8 +89,12 @@ def _no_helpers() -> dict[str, object]:
     return {"__builtins__": {}}
 
 
-def _shared(env: Mapping[str, object]) -> tuple[object, object, float, object]:
-    """What a batch function takes from the tick's shared environment besides the rows."""
+Shared = tuple[object, object, float, object]  # what a batch function takes besides the rows
+
+
+def shared(env: Mapping[str, object]) -> Shared:
+    """What a batch function takes from the tick's shared environment besides the rows:
+    ``host``, ``time``, ``_now`` and ``_gpu_procs``."""
     now = env["_now"]
     assert isinstance(now, float | int)
     return env["host"], env["time"], now, env["_gpu_procs"]
@@ -125,23 +129,24 @@ class Series:
     _batch: list[BatchFn] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def sample_rows(
-        self, rows: Sequence[Row], env: Mapping[str, object]
+        self, rows: Sequence[Row], env: Mapping[str, object], common: Shared | None = None
     ) -> list[float | bool | None]:
-        """``sample`` in every row's scope (``env``: the tick's shared environment)."""
+        """``sample`` in every row's scope (``env``: the tick's shared environment;
+        ``common``: ``shared(env)``, when the caller has it already)."""
         if not self._batch and self.tree is not None:
             self._batch.append(values_function(self.tree, batch_globals(self.helpers)))
         fn = self._batch[0] if self._batch else None
         raw: list[object]
         if fn is None:
             return [self.sample(_row_env(env, row)) for row in rows]
-        shared = _shared(env)
+        args = shared(env) if common is None else common
         try:
-            raw = fn(rows, *shared)
+            raw = fn(rows, *args)
         except _UNKNOWN_ON:
             raw = []
             for row in rows:
                 try:
-                    raw.append(fn((row,), *shared)[0])
+                    raw.append(fn((row,), *args)[0])
                 except _UNKNOWN_ON:
                     raw.append(None)
         if self.kind == "held":
@@ -184,23 +189,26 @@ class Compiled:
     tree: ast.expr | None = field(default=None, repr=False, compare=False)
     _batch: list[BatchFn] = field(default_factory=list, init=False, repr=False, compare=False)
 
-    def holding(self, rows: Sequence[Row], env: Mapping[str, object]) -> list[int]:
+    def holding(
+        self, rows: Sequence[Row], env: Mapping[str, object], common: Shared | None = None
+    ) -> list[int]:
         """The indexes of the rows in whose scope ``test`` is true (``env``: the tick's shared
-        environment; a row is ``(gpu, process, event, _h)``)."""
+        environment, ``common``: ``shared(env)`` when the caller has it already; a row is
+        ``(gpu, process, event, _h)``)."""
         if not self._batch and self.tree is not None:
             self._batch.append(holding_function(self.tree, batch_globals(self.helpers)))
         fn = self._batch[0] if self._batch else None
         if fn is None:
             return [i for i, row in enumerate(rows) if self.test(_row_env(env, row))]
-        shared = _shared(env)
+        args = shared(env) if common is None else common
         try:
-            return fn(rows, *shared)
+            return fn(rows, *args)
         except _UNKNOWN_ON:
             pass
         found: list[int] = []
         for i, row in enumerate(rows):  # a row raised: each on its own, as ``test`` would
             try:
-                if fn((row,), *shared):
+                if fn((row,), *args):
                     found.append(i)
             except _UNKNOWN_ON:
                 continue
