@@ -318,17 +318,19 @@ class Engine:
 
     def _add_history(self, scopes: ScopeSet, now: float) -> None:
         """Give each row of ``scopes`` its scope's history view (what ``_h`` reads)."""
-        view = self.history.view
-        rows = []
-        for key, (gpu, process, event, _) in zip(scopes.keys, scopes.rows, strict=True):
+        alsos: list[tuple[str, ...]] = []
+        for key, (gpu, _, event, _) in zip(scopes.keys, scopes.rows, strict=True):
             if gpu is not None:
-                also = history_keys(key, gpu.index)
+                alsos.append(history_keys(key, gpu.index))
             elif event is not None:
-                also = history_keys(key, event.gpu)
+                alsos.append(history_keys(key, event.gpu))
             else:
-                also = _HOST
-            rows.append((gpu, process, event, view(key, now, also=also)))
-        scopes.rows = rows
+                alsos.append(_HOST)
+        views = self.history.views(scopes.keys, alsos, now)
+        scopes.rows = [
+            (gpu, process, event, view)
+            for (gpu, process, event, _), view in zip(scopes.rows, views, strict=True)
+        ]
 
     def _env(self, base: Env, scope: Scope) -> Env:
         """The environment expressions of ``scope`` see, built once per scope and tick and

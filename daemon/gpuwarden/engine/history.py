@@ -115,19 +115,20 @@ class History:
             tuple[Hashable, tuple[Hashable, ...]],
             tuple[tuple[Mapping[int, Track], ...], tuple[Mapping[int, float], ...]],
         ] = {}
+        self._kept: dict[tuple[Hashable, tuple[Hashable, ...]], ScopeHistory] = {}  # views()
 
     def _scope_values(self, scope_key: Hashable) -> dict[int, Track]:
         tracks = self._values.get(scope_key)
         if tracks is None:
             tracks = self._values[scope_key] = {}
-            self._maps.clear()
+            self._changed()
         return tracks
 
     def _scope_since(self, scope_key: Hashable) -> dict[int, float]:
         since = self._since.get(scope_key)
         if since is None:
             since = self._since[scope_key] = {}
-            self._maps.clear()
+            self._changed()
         return since
 
     # -- recording ----------------------------------------------------------------------------
@@ -203,6 +204,7 @@ class History:
         window = self._windows.get(sid)
         oldest = None if window is None else now - window
         tracks_of = self._values
+        max_samples = self.max_samples
         for key, sampled in zip(scope_keys, values, strict=True):
             tracks = tracks_of.get(key)
             if tracks is None:
@@ -220,8 +222,16 @@ class History:
             if value is not None:
                 if last == now:
                     track.pop()  # recorded twice in one tick: the last value wins
-                track.append(now, float(value))
-            track.trim(oldest, self.max_samples)
+                # Track.append, written out
+                x = now - track.base
+                v = float(value)
+                track.times.append(now)
+                track.values.append(v)
+                track.sx.append(track.sx[-1] + x)
+                track.sv.append(track.sv[-1] + v)
+                track.sxx.append(track.sxx[-1] + x * x)
+                track.sxv.append(track.sxv[-1] + x * v)
+            track.trim(oldest, max_samples)
 
     def need_window(self, sid: int, window: float) -> None:
         """Keep at least ``window`` seconds of series ``sid`` from now on."""
@@ -238,12 +248,41 @@ class History:
         also = tuple(also)
         maps = self._maps.get((scope_key, also))
         if maps is None:
-            keys = (scope_key, *also)
-            maps = self._maps[(scope_key, also)] = (
-                tuple(self._values.get(key, _EMPTY) for key in keys),
-                tuple(self._since.get(key, _EMPTY) for key in keys),
-            )
+            maps = self._scope_maps(scope_key, also)
         return ScopeHistory(maps[0], maps[1], now, self)
+
+    def views(
+        self, scope_keys: Sequence[Hashable], alsos: Sequence[tuple[Hashable, ...]], now: float
+    ) -> list[ScopeHistory]:
+        """``view(key, now, also=also)`` for each key and its ``also``, for one evaluation
+        of many scopes at ``now``: the views are kept from tick to tick and moved to ``now``,
+        so a view taken here is good only until the next call (``view`` makes one to keep)."""
+        kept = self._kept
+        out: list[ScopeHistory] = []
+        for key, also in zip(scope_keys, alsos, strict=True):
+            view = kept.get((key, also))
+            if view is None:
+                maps = self._maps.get((key, also)) or self._scope_maps(key, also)
+                view = kept[(key, also)] = ScopeHistory(maps[0], maps[1], now, self)
+            else:
+                view._now = now
+            out.append(view)
+        return out
+
+    def _scope_maps(
+        self, scope_key: Hashable, also: tuple[Hashable, ...]
+    ) -> tuple[tuple[Mapping[int, Track], ...], tuple[Mapping[int, float], ...]]:
+        keys = (scope_key, *also)
+        maps = self._maps[(scope_key, also)] = (
+            tuple(self._values.get(key, _EMPTY) for key in keys),
+            tuple(self._since.get(key, _EMPTY) for key in keys),
+        )
+        return maps
+
+    def _changed(self) -> None:
+        """A scope's series maps were added or dropped: views must look them up again."""
+        self._maps.clear()
+        self._kept.clear()
 
     def scope_keys(self) -> set[Hashable]:
         return set(self._values) | set(self._since)
@@ -253,7 +292,7 @@ class History:
         for key in scope_keys:
             self._values.pop(key, None)
             self._since.pop(key, None)
-            self._maps.clear()
+            self._changed()
 
     def forget_except(self, scope_keys_seen: Collection[Hashable]) -> None:
         """Drop the history of every scope not in ``scope_keys_seen``."""
@@ -263,7 +302,7 @@ class History:
 class ScopeHistory:
     """One scope's history at one instant: what ``_h`` is while a rule is evaluated."""
 
-    __slots__ = ("_history", "_now", "_since", "_values")
+    __slots__ = ("_now", "_since", "_values", "_windows")
 
     def __init__(
         self,
@@ -277,15 +316,19 @@ class ScopeHistory:
         self._values = values
         self._since = since
         self._now = now
-        self._history = history
+        self._windows = history._windows  # what need_window keeps
 
     def _window(self, series: int, window: float) -> tuple[Track | None, int, int]:
-        self._history.need_window(series, window)
+        windows = self._windows
+        if window > windows.get(series, 0.0):  # History.need_window, written out
+            windows[series] = window
         for found in self._values:  # the scope's own, then its GPU's, then the host's
             track = found.get(series)
             if track is not None:
-                i, j = track.span(self._now, window)
-                return track, i, j
+                now = self._now
+                times = track.times
+                i = bisect_left(times, now - window, track.start)  # Track.span, written out
+                return track, i, bisect_right(times, now, i)
         return None, 0, 0
 
     def avg(self, series: int, window: float) -> float | None:

@@ -120,6 +120,8 @@ class Lifecycle:
         state are visited (``every_scope``: all of them, in order — the plain way, which gives
         the same records); a scope that neither holds nor has a state has nothing to do."""
         states = self.states.setdefault(rule.name, {})
+        if not holding and not states:
+            return  # nothing holds and nothing was going on: the common case
         event = rule.spec.for_each == "event"
         held = set(holding)
         order: Iterable[int]

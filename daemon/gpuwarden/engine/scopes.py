@@ -38,6 +38,7 @@ def process_key(proc: GpuProcess) -> str:
     return f"gpu:{proc.gpu}/pid:{proc.pid}@{stamp}"
 
 
+@functools.lru_cache(maxsize=4096)
 def history_keys(scope_key: str, gpu: int | None) -> tuple[str, ...]:
     """Where a scope's history functions look after its own series: its GPU's, then the
     host's (``avg(gpu.power_w, 5m)`` in a process rule reads the GPU's series)."""
@@ -93,7 +94,7 @@ class ScopeSet:
     once; a ``Scope`` only when asked for (``scope(i)``); ``index`` (key -> position, the last
     one for a key that repeats) on first use."""
 
-    __slots__ = ("_index", "_label", "_scopes", "keys", "kind", "rows", "unique")
+    __slots__ = ("_index", "_label", "_scopes", "_unique", "keys", "kind", "rows")
 
     def __init__(
         self,
@@ -108,8 +109,14 @@ class ScopeSet:
         self._label = label
         self._scopes: dict[int, Scope] = {}
         self._index: dict[str, int] | None = None
-        # Whether no key repeats (two events of one GPU in a tick share one).
-        self.unique = len(set(keys)) == len(keys)
+        self._unique: bool | None = None
+
+    @property
+    def unique(self) -> bool:
+        """Whether no key repeats (two events of one GPU in a tick share one)."""
+        if self._unique is None:
+            self._unique = len(self.index) == len(self.keys)
+        return self._unique
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -72,6 +72,7 @@ __all__ = ["Compiled", "Compiler", "ExprError", "HistoryView", "Row", "Series", 
 # did not put in the environment) is a bug in the caller and is not caught.
 _UNKNOWN_ON = (TypeError, ValueError, ArithmeticError, LookupError)
 KINDS = ("condition", "value")
+_NUMBERS = (int, float)
 
 
 class HistoryView(Protocol):
@@ -152,7 +153,7 @@ class Series:
         if self.kind == "held":
             return [value is True for value in raw]
         return [
-            None if isinstance(value, bool) or not isinstance(value, int | float) else value
+            None if isinstance(value, bool) or not isinstance(value, _NUMBERS) else value
             for value in raw
         ]
 
