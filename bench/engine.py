@@ -221,8 +221,9 @@ def bench_shape(
     playbooks = load_rules(rules, cfg, directory)
     bench = Bench(playbooks, cfg, Machine(gpus, procs, firing=firing))
     warm = bench.run(PERIOD if firing else 60) / (PERIOD if firing else 60)
-    # A round is at least 0.3 s; a firing round spans a whole period (every transition).
-    ticks = max(PERIOD if firing else 5, int(0.3 / warm))
+    # A steady round is at least 0.3 s. A firing round is exactly one period (every
+    # transition), so that every version of the engine is timed over the same ticks.
+    ticks = PERIOD if firing else max(5, int(0.3 / warm))
     bench.records = 0
     samples = [bench.run(ticks) / ticks for _ in range(5)]
     return ShapeResult(

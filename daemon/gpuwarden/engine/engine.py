@@ -19,7 +19,13 @@ checked again: a step whose condition no longer holds waits. Each step runs at m
 - history.py, planner.py, scopes.py, incident.py — history, victims, scopes, bookkeeping.
 
 This module keeps the tick itself: which rules are due (schedules), the history recorded,
-and the environment each scope's expressions see, built once per scope and tick.
+and what each rule's ``when`` is evaluated over. A tick holds its scopes per kind as rows
+(``scopes.ScopeSet``) and evaluates each rule's ``when`` over all rows of its kind in one
+call (``Compiled.holding``, see playbook/expr_batch.py); the lifecycle then visits only the
+scopes where it holds or that have a state, and only those get a ``Scope`` and an
+environment (built once per scope and tick, shared by the rules). ``Engine(reference=True)``
+does it the plain way instead — every rule in every scope, a fresh environment each — which
+the tests compare the fast way with.
 
 No I/O, no clock: ``now`` comes in, records and intents go out.
 """

@@ -8,8 +8,9 @@ from firing again for a while. While an incident is open, each tick hands it to 
 (ladder.py), which this module drives but does not know the inside of.
 
 ``Engine`` (engine.py) owns the one ``Lifecycle``: it decides which rules are evaluated in a
-tick (schedules), builds the scopes' environments and passes them in (``env_for``, its cached
-builder), and reads the states back for its public views. Imports only downward: ladder,
+tick (schedules), evaluates ``when`` over a kind's scopes and passes in where it holds, builds
+the environments of the scopes visited (``env_for``, its cached builder), and reads the
+states back for its public views. Imports only downward: ladder,
 incident, scopes; never engine.py.
 """
 
