@@ -19,13 +19,20 @@ checked again: a step whose condition no longer holds waits. Each step runs at m
 - history.py, planner.py, scopes.py, incident.py — history, victims, scopes, bookkeeping.
 
 This module keeps the tick itself: which rules are due (schedules), the history recorded,
-and the environment each scope's expressions see, built once per scope and tick.
+and what each rule's ``when`` is evaluated over. A tick holds its scopes per kind as rows
+(``scopes.ScopeSet``) and evaluates each rule's ``when`` over all rows of its kind in one
+call (``Compiled.holding``, see playbook/expr_batch.py); the lifecycle then visits only the
+scopes where it holds or that have a state, and only those get a ``Scope`` and an
+environment (built once per scope and tick, shared by the rules). ``Engine(reference=True)``
+does it the plain way instead — every rule in every scope, a fresh environment each — which
+the tests compare the fast way with.
 
 No I/O, no clock: ``now`` comes in, records and intents go out.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Container, Iterable
 from typing import Any
 
@@ -37,10 +44,19 @@ from gpuwarden.engine.lifecycle import Lifecycle
 from gpuwarden.engine.planner import Planner
 from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.engine.restore import restore_incident
-from gpuwarden.engine.scopes import SCOPES, Scope, gpu_key
+from gpuwarden.engine.scopes import (
+    SCOPES,
+    ProcessKeys,
+    Scope,
+    ScopeSet,
+    history_keys,
+    scope_sets,
+)
 from gpuwarden.model import Hold, Intent, NextStep, Outcome, RuleChange, Silence, Snapshot
+from gpuwarden.playbook.expr import Shared, shared
 from gpuwarden.playbook.fields import tick_env
-from gpuwarden.playbook.loader import PlaybookSet
+from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
+from gpuwarden.timewindow import Schedule
 
 __all__ = ["Engine", "Env", "Records"]
 
@@ -51,7 +67,12 @@ class Engine:
     are its ``Lifecycle`` and ``Ladder`` (one each, kept across ``replace``)."""
 
     def __init__(
-        self, playbooks: PlaybookSet, config: Config, *, self_pid: int | None = None
+        self,
+        playbooks: PlaybookSet,
+        config: Config,
+        *,
+        self_pid: int | None = None,
+        reference: bool = False,
     ) -> None:
         self.playbooks = playbooks
         self.config = config
@@ -61,8 +82,15 @@ class Engine:
         self._ladder = Ladder(Planner(ProtectedMatcher(config.protected, self_pid=self_pid)))
         self._lifecycle = Lifecycle(self._ladder, self._env, self.tz)
         self._last_run: dict[str, float] = {}
+        # rule -> (last run, tz, schedule, the next run after it): see _due
+        self._next_runs: dict[str, tuple[float, dt.tzinfo, Schedule, float]] = {}
         # Environments of this tick's scopes (see _env); emptied at the start of each tick.
         self._envs: dict[tuple[str, Any], Env] = {}
+        # reference: evaluate every rule in every scope of every tick, each in a fresh
+        # environment, one at a time (what tests compare the fast path with).
+        self._reference = reference
+        self._process_keys = ProcessKeys()
+        self._history_kinds = _history_kinds(playbooks)
 
     @property
     def planner(self) -> Planner:
@@ -115,6 +143,7 @@ class Engine:
         self.tz = self._lifecycle.tz = config.tz
         self._ladder.planner = Planner(ProtectedMatcher(config.protected, self_pid=self._self_pid))
         self.history = History()
+        self._history_kinds = _history_kinds(playbooks)
         self._last_run = {k: v for k, v in self._last_run.items() if k in names}
         return closed
 
@@ -214,52 +243,100 @@ class Engine:
         gpus = {g.index: g for g in snapshot.gpus}
         base = tick_env(snapshot, now, self.tz)
         base.update(gpu=None, process=None, event=None, _snapshot=snapshot, _gpus=gpus)
-        scopes_by_kind = {kind: make(snapshot) for kind, make in SCOPES.items()}
         self._envs = {}
-        self._record_history(scopes_by_kind, base, now)
+        if self._reference:
+            sets = {kind: ScopeSet.of(kind, make(snapshot)) for kind, make in SCOPES.items()}
+        else:
+            sets = scope_sets(snapshot, self._process_keys)
+        common = shared(base)
+        self._record_history(sets, base, common, now)
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
-        envs_by_kind: dict[str, list[Env]] = {}  # each scope's environment, once per tick
+        if not self._reference:
+            for kind in self._history_kinds:
+                self._add_history(sets[kind], now)
         lifecycle = self._lifecycle
         for rule in self.playbooks.rules:
+            scopes = sets[rule.spec.for_each]
             if rule.every is not None:
                 # Counted from when the engine first saw the rule: a daemon started on
                 # Tuesday does not run last Monday's check, however long its ticks.
                 last = self._last_run.setdefault(rule.name, now)
-                due = rule.every.due(last, now, self.tz)
-                if not due:
-                    lifecycle.advance_open(
-                        rule, scopes_by_kind, snapshot, base, now, changes, intents
-                    )
+                if not self._due(rule, last, now):
+                    lifecycle.advance_open(rule, scopes, snapshot, base, now, changes, intents)
                     continue
                 self._last_run[rule.name] = latest_instant(rule.every, last, now, self.tz)
-            kind = rule.spec.for_each
-            envs = envs_by_kind.get(kind)
-            if envs is None:
-                envs = envs_by_kind[kind] = [self._env(base, s) for s in scopes_by_kind[kind]]
+            if self._reference:  # every scope, a fresh environment each
+                holding = [
+                    i
+                    for i in range(len(scopes))
+                    if rule.when.test(self._fresh_env(base, scopes.scope(i)))
+                ]
+            else:
+                holding = rule.when.holding(scopes.rows, base, common)
             lifecycle.evaluate(
                 rule,
-                scopes_by_kind[kind],
-                envs,
+                scopes,
+                holding,
                 snapshot,
                 base,
                 now,
                 changes,
                 intents,
+                every_scope=self._reference,
             )
         return Tick(tuple(records))
 
     # -- history and environments -----------------------------------------------------------
 
-    def _record_history(self, scopes: dict[str, list[Scope]], base: Env, now: float) -> None:
+    def _due(self, rule: CompiledRule, last: float, now: float) -> bool:
+        """``rule.every.due(last, now)``, the next run remembered until ``last`` changes."""
+        every = rule.every
+        assert every is not None
+        known = self._next_runs.get(rule.name)
+        if known is None or known[0] != last or known[1] is not self.tz or known[2] != every:
+            known = self._next_runs[rule.name] = (
+                last,
+                self.tz,
+                every,
+                every.next_run(last, self.tz),
+            )
+        return known[3] <= now
+
+    def _record_history(
+        self, sets: dict[str, ScopeSet], base: Env, common: Shared, now: float
+    ) -> None:
         if not self.playbooks.series:
             return
         seen: set[str] = set()
+        history = self.history
         for series in self.playbooks.series:
-            for scope in scopes[series.root]:
-                self.history.observe(scope.key, series, self._env(base, scope), now)
-                seen.add(scope.key)
-        self.history.forget_except(seen)
+            scopes = sets[series.root]
+            if self._reference:
+                for i in range(len(scopes)):
+                    scope = scopes.scope(i)
+                    history.observe(scope.key, series, self._fresh_env(base, scope), now)
+            else:
+                values = series.sample_rows(scopes.rows, base, common)
+                history.record_many(scopes.keys, series, values, now)
+            seen.update(scopes.keys)
+        history.forget_except(seen)
+
+    def _add_history(self, scopes: ScopeSet, now: float) -> None:
+        """Give each row of ``scopes`` its scope's history view (what ``_h`` reads)."""
+        alsos: list[tuple[str, ...]] = []
+        for key, (gpu, _, event, _) in zip(scopes.keys, scopes.rows, strict=True):
+            if gpu is not None:
+                alsos.append(history_keys(key, gpu.index))
+            elif event is not None:
+                alsos.append(history_keys(key, event.gpu))
+            else:
+                alsos.append(_HOST)
+        views = self.history.views(scopes.keys, alsos, now)
+        scopes.rows = [
+            (gpu, process, event, view)
+            for (gpu, process, event, _), view in zip(scopes.rows, views, strict=True)
+        ]
 
     def _env(self, base: Env, scope: Scope) -> Env:
         """The environment expressions of ``scope`` see, built once per scope and tick and
@@ -270,6 +347,10 @@ class Engine:
         cached = self._envs.get(key)
         if cached is not None and cached["_base"] is base:
             return cached
+        env = self._envs[key] = self._fresh_env(base, scope)
+        return env
+
+    def _fresh_env(self, base: Env, scope: Scope) -> Env:
         env = dict(base)
         env["_base"] = base
         env["gpu"] = scope.gpu
@@ -280,7 +361,13 @@ class Engine:
             if scope.gpu is not None
             else (scope.event.gpu if scope.event is not None else None)
         )
-        also = ("host",) if gpu is None or scope.key == gpu_key(gpu) else (gpu_key(gpu), "host")
-        env["_h"] = self.history.view(scope.key, base["_now"], also=also)
-        self._envs[key] = env
+        env["_h"] = self.history.view(scope.key, base["_now"], also=history_keys(scope.key, gpu))
         return env
+
+
+_HOST = ("host",)
+
+
+def _history_kinds(playbooks: PlaybookSet) -> tuple[str, ...]:
+    """The scope kinds whose rows need history views: some rule's ``when`` there reads it."""
+    return tuple(dict.fromkeys(r.spec.for_each for r in playbooks.rules if r.when.series))

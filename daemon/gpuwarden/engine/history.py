@@ -20,7 +20,7 @@ view names those keys too: ``view(process_key, now, also=(gpu_key, host_key))``.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -109,6 +109,27 @@ class History:
         # Series id -> the longest window anything needs of it: from the Series when one is
         # recorded, and from the queries themselves (a bare id brings no window).
         self._windows: dict[int, float] = {}
+        # (scope key, also) -> the series maps a view of it reads; emptied whenever a scope's
+        # maps are added or dropped (see _scope_values, _scope_since, forget).
+        self._maps: dict[
+            tuple[Hashable, tuple[Hashable, ...]],
+            tuple[tuple[Mapping[int, Track], ...], tuple[Mapping[int, float], ...]],
+        ] = {}
+        self._kept: dict[tuple[Hashable, tuple[Hashable, ...]], ScopeHistory] = {}  # views()
+
+    def _scope_values(self, scope_key: Hashable) -> dict[int, Track]:
+        tracks = self._values.get(scope_key)
+        if tracks is None:
+            tracks = self._values[scope_key] = {}
+            self._changed()
+        return tracks
+
+    def _scope_since(self, scope_key: Hashable) -> dict[int, float]:
+        since = self._since.get(scope_key)
+        if since is None:
+            since = self._since[scope_key] = {}
+            self._changed()
+        return since
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -118,7 +139,7 @@ class History:
         sid = _sid(series)
         if not isinstance(series, int):
             self.need_window(sid, series.window)
-        tracks = self._values.setdefault(scope_key, {})
+        tracks = self._scope_values(scope_key)
         track = tracks.get(sid)
         if track is None:
             if value is None:
@@ -137,7 +158,7 @@ class History:
     def record_held(
         self, scope_key: Hashable, series: Series | int, is_true: bool, now: float
     ) -> None:
-        since = self._since.setdefault(scope_key, {})
+        since = self._scope_since(scope_key)
         sid = _sid(series)
         if not is_true:
             since.pop(sid, None)
@@ -156,6 +177,62 @@ class History:
         else:
             self.record(scope_key, series, None if isinstance(value, bool) else value, now)
 
+    def record_many(
+        self,
+        scope_keys: Sequence[Hashable],
+        series: Series,
+        values: Sequence[float | bool | None],
+        now: float,
+    ) -> None:
+        """``series`` sampled in many scopes (``Series.sample_rows``): as ``observe`` in each
+        (``record_held`` or ``record``, written out here: this runs every tick)."""
+        sid = series.id
+        if series.kind == "held":
+            since_of = self._since
+            for key, value in zip(scope_keys, values, strict=True):
+                since = since_of.get(key)
+                if since is None:
+                    since = self._scope_since(key)
+                if value is not True:
+                    since.pop(sid, None)
+                elif since.get(sid, now) > now:
+                    since[sid] = now  # the clock went back
+                else:
+                    since.setdefault(sid, now)
+            return
+        self.need_window(sid, series.window)
+        window = self._windows.get(sid)
+        oldest = None if window is None else now - window
+        tracks_of = self._values
+        max_samples = self.max_samples
+        for key, sampled in zip(scope_keys, values, strict=True):
+            tracks = tracks_of.get(key)
+            if tracks is None:
+                tracks = self._scope_values(key)
+            track = tracks.get(sid)
+            value = None if isinstance(sampled, bool) else sampled
+            if track is None:
+                if value is None:
+                    continue
+                track = tracks[sid] = Track(now)
+            times = track.times
+            last = times[-1] if len(times) > track.start else None
+            if last is not None and last > now:
+                track = tracks[sid] = Track(now)  # the clock went back (a new drill)
+            if value is not None:
+                if last == now:
+                    track.pop()  # recorded twice in one tick: the last value wins
+                # Track.append, written out
+                x = now - track.base
+                v = float(value)
+                track.times.append(now)
+                track.values.append(v)
+                track.sx.append(track.sx[-1] + x)
+                track.sv.append(track.sv[-1] + v)
+                track.sxx.append(track.sxx[-1] + x * x)
+                track.sxv.append(track.sxv[-1] + x * v)
+            track.trim(oldest, max_samples)
+
     def need_window(self, sid: int, window: float) -> None:
         """Keep at least ``window`` seconds of series ``sid`` from now on."""
         if window > self._windows.get(sid, 0.0):
@@ -168,11 +245,44 @@ class History:
     ) -> HistoryView:
         """The history of ``scope_key`` at ``now``; series not recorded under it are looked up
         under the keys in ``also`` (the scope's GPU, the host), first found wins."""
-        values, since = [self._values.get(scope_key, _EMPTY)], [self._since.get(scope_key, _EMPTY)]
-        for key in also:  # a loop, not a generator: this runs for every scope every tick
-            values.append(self._values.get(key, _EMPTY))
-            since.append(self._since.get(key, _EMPTY))
-        return ScopeHistory(tuple(values), tuple(since), now, self)
+        also = tuple(also)
+        maps = self._maps.get((scope_key, also))
+        if maps is None:
+            maps = self._scope_maps(scope_key, also)
+        return ScopeHistory(maps[0], maps[1], now, self)
+
+    def views(
+        self, scope_keys: Sequence[Hashable], alsos: Sequence[tuple[Hashable, ...]], now: float
+    ) -> list[ScopeHistory]:
+        """``view(key, now, also=also)`` for each key and its ``also``, for one evaluation
+        of many scopes at ``now``: the views are kept from tick to tick and moved to ``now``,
+        so a view taken here is good only until the next call (``view`` makes one to keep)."""
+        kept = self._kept
+        out: list[ScopeHistory] = []
+        for key, also in zip(scope_keys, alsos, strict=True):
+            view = kept.get((key, also))
+            if view is None:
+                maps = self._maps.get((key, also)) or self._scope_maps(key, also)
+                view = kept[(key, also)] = ScopeHistory(maps[0], maps[1], now, self)
+            else:
+                view._now = now
+            out.append(view)
+        return out
+
+    def _scope_maps(
+        self, scope_key: Hashable, also: tuple[Hashable, ...]
+    ) -> tuple[tuple[Mapping[int, Track], ...], tuple[Mapping[int, float], ...]]:
+        keys = (scope_key, *also)
+        maps = self._maps[(scope_key, also)] = (
+            tuple(self._values.get(key, _EMPTY) for key in keys),
+            tuple(self._since.get(key, _EMPTY) for key in keys),
+        )
+        return maps
+
+    def _changed(self) -> None:
+        """A scope's series maps were added or dropped: views must look them up again."""
+        self._maps.clear()
+        self._kept.clear()
 
     def scope_keys(self) -> set[Hashable]:
         return set(self._values) | set(self._since)
@@ -182,6 +292,7 @@ class History:
         for key in scope_keys:
             self._values.pop(key, None)
             self._since.pop(key, None)
+            self._changed()
 
     def forget_except(self, scope_keys_seen: Collection[Hashable]) -> None:
         """Drop the history of every scope not in ``scope_keys_seen``."""
@@ -191,7 +302,7 @@ class History:
 class ScopeHistory:
     """One scope's history at one instant: what ``_h`` is while a rule is evaluated."""
 
-    __slots__ = ("_history", "_now", "_since", "_values")
+    __slots__ = ("_now", "_since", "_values", "_windows")
 
     def __init__(
         self,
@@ -205,15 +316,20 @@ class ScopeHistory:
         self._values = values
         self._since = since
         self._now = now
-        self._history = history
+        self._windows = history._windows  # what need_window keeps
 
     def _window(self, series: int, window: float) -> tuple[Track | None, int, int]:
-        self._history.need_window(series, window)
-        track = next((t for m in self._values if (t := m.get(series)) is not None), None)
-        if track is None:
-            return None, 0, 0
-        i, j = track.span(self._now, window)
-        return track, i, j
+        windows = self._windows
+        if window > windows.get(series, 0.0):  # History.need_window, written out
+            windows[series] = window
+        for found in self._values:  # the scope's own, then its GPU's, then the host's
+            track = found.get(series)
+            if track is not None:
+                now = self._now
+                times = track.times
+                i = bisect_left(times, now - window, track.start)  # Track.span, written out
+                return track, i, bisect_right(times, now, i)
+        return None, 0, 0
 
     def avg(self, series: int, window: float) -> float | None:
         track, i, j = self._window(series, window)
@@ -254,5 +370,8 @@ class ScopeHistory:
         return mean_v + slope * (self._now + horizon - track.base - mean_x)
 
     def held_for(self, series: int) -> float:
-        since = next((s for m in self._since if (s := m.get(series)) is not None), None)
-        return 0.0 if since is None else max(0.0, self._now - since)
+        for found in self._since:  # the scope's own, then its GPU's, then the host's
+            since = found.get(series)
+            if since is not None:
+                return max(0.0, self._now - since)
+        return 0.0

@@ -8,8 +8,9 @@ from firing again for a while. While an incident is open, each tick hands it to 
 (ladder.py), which this module drives but does not know the inside of.
 
 ``Engine`` (engine.py) owns the one ``Lifecycle``: it decides which rules are evaluated in a
-tick (schedules), builds the scopes' environments and passes them in (``env_for``, its cached
-builder), and reads the states back for its public views. Imports only downward: ladder,
+tick (schedules), evaluates ``when`` over a kind's scopes and passes in where it holds, builds
+the environments of the scopes visited (``env_for``, its cached builder), and reads the
+states back for its public views. Imports only downward: ladder,
 incident, scopes; never engine.py.
 """
 
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from gpuwarden.engine.incident import Incident, ScopeState, stamp
 from gpuwarden.engine.ladder import Env, Ladder, Records, ladder_done, silence_note
-from gpuwarden.engine.scopes import Scope
-from gpuwarden.model import Reason, RuleChange, Snapshot, Transition
+from gpuwarden.engine.scopes import Scope, ScopeSet
+from gpuwarden.model import GpuState, Reason, RuleChange, Snapshot, Transition
 from gpuwarden.playbook.loader import CompiledRule, Show
 from gpuwarden.text import safe_text
 
@@ -105,42 +106,55 @@ class Lifecycle:
     def evaluate(
         self,
         rule: CompiledRule,
-        scopes: list[Scope],
-        envs: list[Env],
+        scopes: ScopeSet,
+        holding: Sequence[int],
         snapshot: Snapshot,
         base: Env,
         now: float,
         changes: Records,
         intents: Records,
+        *,
+        every_scope: bool = False,
     ) -> None:
-        """Evaluate ``rule`` over this tick's ``scopes`` (``envs``: the environment of each,
-        in the same order) and move its states and open incidents on."""
+        """Move ``rule``'s states and open incidents on: ``holding`` are the positions in
+        ``scopes`` where its ``when`` holds this tick. Only those scopes and the ones with a
+        state are visited (``every_scope``: all of them, in order — the plain way, which gives
+        the same records); a scope that neither holds nor has a state has nothing to do."""
         states = self.states.setdefault(rule.name, {})
+        if not holding and not states:
+            return  # nothing holds and nothing was going on: the common case
+        event = rule.spec.for_each == "event"
+        held = set(holding)
+        order: Iterable[int]
+        if every_scope or event or not scopes.unique:
+            order = range(len(scopes))
+        elif states:
+            index = scopes.index
+            order = sorted(held.union(i for k in states if (i := index.get(k)) is not None))
+        else:
+            order = holding
+        keys = scopes.keys
         present: set[str] = set()
-        for scope, env in zip(scopes, envs, strict=True):
-            if scope.key in present and rule.spec.for_each == "event":
+        for i in order:
+            key = keys[i]
+            if event and key in present:
                 continue  # one incident per GPU, however many events arrive in one tick
-            holds = rule.when.test(env)
-            state = states.get(scope.key)
+            holds = i in held
+            state = states.get(key)
             if state is None:
                 if not holds:
                     continue
-                state = states[scope.key] = ScopeState()
-            present.add(scope.key)
+                state = states[key] = ScopeState()
+            present.add(key)
+            scope = scopes.scope(i)
             state.label = scope.label
             if state.phase == "firing":
                 continue  # handled below with every open incident of the rule
+            env = self._env_for(base, scope)
             self._idle_or_pending(rule, scope, state, holds, env, now, changes, intents)
-        self.advance_open(
-            rule,
-            {rule.spec.for_each: scopes},
-            snapshot,
-            base,
-            now,
-            changes,
-            intents,
-            present=present if rule.spec.for_each != "event" else None,
-        )
+        if not states:
+            return
+        self.advance_open(rule, scopes, snapshot, base, now, changes, intents)
         for key in list(states):
             state = states[key]
             if state.phase == "pending" and key not in present:
@@ -163,30 +177,37 @@ class Lifecycle:
     def advance_open(
         self,
         rule: CompiledRule,
-        scopes: dict[str, list[Scope]],
+        scopes: ScopeSet,
         snapshot: Snapshot,
         base: Env,
         now: float,
         changes: Records,
         intents: Records,
-        present: set[str] | None = None,
     ) -> None:
-        """Resolve or advance every open incident of ``rule``. (Called on its own for a
-        scheduled rule between its runs.)"""
-        current = {s.key: s for s in scopes.get(rule.spec.for_each, [])}
-        gpus = {g.index: g for g in snapshot.gpus}
-        for key, state in list(self.states.get(rule.name, {}).items()):
+        """Resolve or advance every open incident of ``rule`` (``scopes``: this tick's of the
+        rule's kind). (Called on its own for a scheduled rule between its runs.)"""
+        states = self.states.get(rule.name)
+        if not states:
+            return
+        event = rule.spec.for_each == "event"
+        gpus: dict[int, GpuState] | None = None
+        for key, state in list(states.items()):
             incident = state.incident
             if state.phase != "firing" or incident is None:
                 continue
-            scope = current.get(key)
-            if rule.spec.for_each == "event":
+            scope: Scope | None
+            if event:
+                if gpus is None:
+                    gpus = {g.index: g for g in snapshot.gpus}
                 scope = Scope(
                     key,
                     incident.label,
                     gpu=None if incident.gpu is None else gpus.get(incident.gpu),
                     event=incident.event,
                 )
+            else:
+                i = scopes.index.get(key)
+                scope = None if i is None else scopes.scope(i)
             if scope is None:
                 self._resolve(rule, state, now, Reason.SCOPE_GONE, changes)
                 continue
@@ -208,7 +229,6 @@ class Lifecycle:
             self.ladder.run(rule, incident, scope, env, holds, now, changes, intents)
             if rule.one_shot and rule.until is None and ladder_done(rule, incident):
                 self._resolve(rule, state, now, Reason.LADDER_DONE, changes)
-        del present
 
     # -- transitions ------------------------------------------------------------------------
 

@@ -2,13 +2,20 @@
 
 A scope's ``key`` is its stable identity across ticks (a process is keyed by PID *and* start
 time, so a reused PID is a new scope); ``label`` is how people read it.
+
+A tick holds its scopes per kind as a ``ScopeSet``: the rows batch evaluation reads
+(``expr_batch``), the keys, and a ``Scope`` made only for the few scopes that a rule holds in
+or has a state for. ``SCOPES`` (one ``Scope`` per scope, every tick) is the plain form.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.model import Event, GpuProcess, GpuState, Snapshot
+from gpuwarden.playbook.expr_batch import Row
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +27,7 @@ class Scope:
     event: Event | None = None
 
 
+@functools.cache
 def gpu_key(index: int) -> str:
     return f"gpu:{index}"
 
@@ -28,6 +36,13 @@ def process_key(proc: GpuProcess) -> str:
     created = proc.info.create_time
     stamp = "?" if created is None else f"{created:.2f}"
     return f"gpu:{proc.gpu}/pid:{proc.pid}@{stamp}"
+
+
+@functools.lru_cache(maxsize=4096)
+def history_keys(scope_key: str, gpu: int | None) -> tuple[str, ...]:
+    """Where a scope's history functions look after its own series: its GPU's, then the
+    host's (``avg(gpu.power_w, 5m)`` in a process rule reads the GPU's series)."""
+    return ("host",) if gpu is None or scope_key == gpu_key(gpu) else (gpu_key(gpu), "host")
 
 
 def event_key(event: Event) -> str:
@@ -69,3 +84,111 @@ SCOPES = {
     "host": host_scopes,
     "event": event_scopes,
 }
+
+
+# -- one tick's scopes, kind by kind --------------------------------------------------------
+
+
+class ScopeSet:
+    """The scopes of one kind in one tick, in snapshot order. ``rows`` and ``keys`` are built
+    once; a ``Scope`` only when asked for (``scope(i)``); ``index`` (key -> position, the last
+    one for a key that repeats) on first use."""
+
+    __slots__ = ("_index", "_label", "_scopes", "_unique", "keys", "kind", "rows")
+
+    def __init__(
+        self,
+        kind: str,
+        rows: list[Row],
+        keys: list[str],
+        label: Callable[[int], str],
+    ) -> None:
+        self.kind = kind
+        self.rows = rows
+        self.keys = keys
+        self._label = label
+        self._scopes: dict[int, Scope] = {}
+        self._index: dict[str, int] | None = None
+        self._unique: bool | None = None
+
+    @property
+    def unique(self) -> bool:
+        """Whether no key repeats (two events of one GPU in a tick share one)."""
+        if self._unique is None:
+            self._unique = len(self.index) == len(self.keys)
+        return self._unique
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def index(self) -> dict[str, int]:
+        if self._index is None:
+            self._index = {key: i for i, key in enumerate(self.keys)}
+        return self._index
+
+    def scope(self, i: int) -> Scope:
+        found = self._scopes.get(i)
+        if found is None:
+            gpu, process, event, _ = self.rows[i]
+            found = self._scopes[i] = Scope(self.keys[i], self._label(i), gpu, process, event)
+        return found
+
+    @classmethod
+    def of(cls, kind: str, scopes: Sequence[Scope]) -> ScopeSet:
+        """The set of ``scopes`` made the plain way (``SCOPES``), rows without history."""
+        rows: list[Row] = [(s.gpu, s.process, s.event, None) for s in scopes]
+        made = cls(kind, rows, [s.key for s in scopes], lambda i: scopes[i].label)
+        made._scopes = dict(enumerate(scopes))
+        return made
+
+
+class ProcessKeys:
+    """``process_key`` remembered across ticks: most processes live for many ticks."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[int, int, float | None], str] = {}
+
+    def __call__(self, procs: Sequence[GpuProcess]) -> list[str]:
+        known = self._keys
+        out: list[str] = []
+        for p in procs:
+            ident = (p.gpu, p.pid, p.info.create_time)
+            key = known.get(ident)
+            if key is None:
+                key = known[ident] = process_key(p)
+            out.append(key)
+        if len(known) > 2 * len(out) + 64:  # forget processes long gone
+            live = set(out)
+            self._keys = {k: v for k, v in known.items() if v in live}
+        return out
+
+
+def scope_sets(snapshot: Snapshot, process_keys: ProcessKeys) -> dict[str, ScopeSet]:
+    """Every kind's ``ScopeSet`` of ``snapshot`` (rows without history: see ``with_history``)."""
+    gpus = snapshot.gpus
+    by_index = {g.index: g for g in gpus}
+    procs = snapshot.processes
+    events = snapshot.events
+    get = by_index.get
+    return {
+        "gpu": ScopeSet(
+            "gpu",
+            [(g, None, None, None) for g in gpus],
+            [gpu_key(g.index) for g in gpus],
+            lambda i: f"GPU {gpus[i].index}",
+        ),
+        "process": ScopeSet(
+            "process",
+            [(get(p.gpu), p, None, None) for p in procs],
+            process_keys(procs),
+            lambda i: f"pid {procs[i].pid} on GPU {procs[i].gpu}",
+        ),
+        "host": ScopeSet("host", [(None, None, None, None)], ["host"], lambda i: snapshot.host),
+        "event": ScopeSet(
+            "event",
+            [(None if e.gpu is None else get(e.gpu), None, e, None) for e in events],
+            [event_key(e) for e in events],
+            lambda i: "host" if events[i].gpu is None else f"GPU {events[i].gpu}",
+        ),
+    }

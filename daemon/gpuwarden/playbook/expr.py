@@ -50,21 +50,29 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import CodeType
 from typing import Protocol
 
+from gpuwarden.playbook.expr_batch import (
+    BatchFn,
+    Row,
+    batch_globals,
+    holding_function,
+    values_function,
+)
 from gpuwarden.playbook.expr_rewrite import Translator
 from gpuwarden.playbook.expr_text import ExprError, prepare
 from gpuwarden.playbook.fields import ROOTS, helper_globals
 
-__all__ = ["Compiled", "Compiler", "ExprError", "HistoryView", "Series"]
+__all__ = ["Compiled", "Compiler", "ExprError", "HistoryView", "Row", "Series", "Shared", "shared"]
 
 # What evaluation turns into "unknown" rather than raising. A NameError (a root the engine
 # did not put in the environment) is a bug in the caller and is not caught.
 _UNKNOWN_ON = (TypeError, ValueError, ArithmeticError, LookupError)
 KINDS = ("condition", "value")
+_NUMBERS = (int, float)
 
 
 class HistoryView(Protocol):
@@ -80,6 +88,23 @@ class HistoryView(Protocol):
 
 def _no_helpers() -> dict[str, object]:
     return {"__builtins__": {}}
+
+
+Shared = tuple[object, object, float, object]  # what a batch function takes besides the rows
+
+
+def shared(env: Mapping[str, object]) -> Shared:
+    """What a batch function takes from the tick's shared environment besides the rows:
+    ``host``, ``time``, ``_now`` and ``_gpu_procs``."""
+    now = env["_now"]
+    assert isinstance(now, float | int)
+    return env["host"], env["time"], now, env["_gpu_procs"]
+
+
+def _row_env(env: Mapping[str, object], row: Row) -> dict[str, object]:
+    scope = dict(env)
+    scope["gpu"], scope["process"], scope["event"], scope["_h"] = row
+    return scope
 
 
 @dataclass(frozen=True)
@@ -99,6 +124,38 @@ class Series:
     window: float
     text: str
     helpers: dict[str, object] = field(default_factory=_no_helpers, repr=False, compare=False)
+    # The checked tree, for the form that samples many scopes at once (expr_batch), built on
+    # first use; None: one scope at a time.
+    tree: ast.expr | None = field(default=None, repr=False, compare=False)
+    _batch: list[BatchFn] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def sample_rows(
+        self, rows: Sequence[Row], env: Mapping[str, object], common: Shared | None = None
+    ) -> list[float | bool | None]:
+        """``sample`` in every row's scope (``env``: the tick's shared environment;
+        ``common``: ``shared(env)``, when the caller has it already)."""
+        if not self._batch and self.tree is not None:
+            self._batch.append(values_function(self.tree, batch_globals(self.helpers)))
+        fn = self._batch[0] if self._batch else None
+        raw: list[object]
+        if fn is None:
+            return [self.sample(_row_env(env, row)) for row in rows]
+        args = shared(env) if common is None else common
+        try:
+            raw = fn(rows, *args)
+        except _UNKNOWN_ON:
+            raw = []
+            for row in rows:
+                try:
+                    raw.append(fn((row,), *args)[0])
+                except _UNKNOWN_ON:
+                    raw.append(None)
+        if self.kind == "held":
+            return [value is True for value in raw]
+        return [
+            None if isinstance(value, bool) or not isinstance(value, _NUMBERS) else value
+            for value in raw
+        ]
 
     def sample(self, env: dict[str, object]) -> float | bool | None:
         """This tick's value in a scope's environment: a number or None for "value", whether
@@ -128,6 +185,35 @@ class Compiled:
     result: str = "boolean"
     python: str = field(default="", repr=False, compare=False)  # the code, as Python source
     helpers: dict[str, object] = field(default_factory=_no_helpers, repr=False, compare=False)
+    # The checked tree, for the form that evaluates many scopes at once (expr_batch), built
+    # on first use; None: one scope at a time.
+    tree: ast.expr | None = field(default=None, repr=False, compare=False)
+    _batch: list[BatchFn] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def holding(
+        self, rows: Sequence[Row], env: Mapping[str, object], common: Shared | None = None
+    ) -> list[int]:
+        """The indexes of the rows in whose scope ``test`` is true (``env``: the tick's shared
+        environment, ``common``: ``shared(env)`` when the caller has it already; a row is
+        ``(gpu, process, event, _h)``)."""
+        if not self._batch and self.tree is not None:
+            self._batch.append(holding_function(self.tree, batch_globals(self.helpers)))
+        fn = self._batch[0] if self._batch else None
+        if fn is None:
+            return [i for i, row in enumerate(rows) if self.test(_row_env(env, row))]
+        args = shared(env) if common is None else common
+        try:
+            return fn(rows, *args)
+        except _UNKNOWN_ON:
+            pass
+        found: list[int] = []
+        for i, row in enumerate(rows):  # a row raised: each on its own, as ``test`` would
+            try:
+                if fn((row,), *args):
+                    found.append(i)
+            except _UNKNOWN_ON:
+                continue
+        return found
 
     def evaluate(self, env: dict[str, object]) -> object:
         """The value in ``env``; None when it is unknown. Never raises for bad data."""
@@ -217,6 +303,7 @@ class Compiler:
             result=typed.kind,
             python=ast.unparse(typed.node),
             helpers=self.globals,
+            tree=typed.node if typed.kind == "boolean" else None,
         )
 
     def _register(self, root: str, kind: str, text: str, body: ast.expr, window: float) -> int:
@@ -224,7 +311,9 @@ class Compiler:
         sid = self._series_ids.get(key)
         if sid is None:
             sid = len(self.series)
-            self.series.append(Series(sid, root, kind, _code(body), window, text, self.globals))
+            self.series.append(
+                Series(sid, root, kind, _code(body), window, text, self.globals, body)
+            )
             self._series_ids[key] = sid
         elif window > self.series[sid].window:
             self.series[sid] = replace(self.series[sid], window=window)

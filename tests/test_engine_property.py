@@ -1,0 +1,213 @@
+"""Property test: the engine's fast path gives exactly the records of the plain one.
+
+``Engine(reference=True)`` evaluates every rule in every scope of every tick, each in a fresh
+environment, one scope at a time, and records history the same way. The default engine
+evaluates each rule over all scopes of a kind in one call and visits only the scopes that hold
+or have a state. Random sequences of snapshots — GPUs and processes that come and go, a PID
+listed twice on one GPU, events (two on one GPU in a tick), unknown values and a value of the
+wrong type, the clock standing still or jumping — go through both, with every intent completed
+at once as in a drill, and the records must be equal, field by field and in order.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuwarden.engine.engine import Engine
+from gpuwarden.model import (
+    Event,
+    EventKind,
+    GpuProcess,
+    GpuState,
+    Intent,
+    Memory,
+    Outcome,
+    ProcessInfo,
+    RuleChange,
+    Snapshot,
+)
+from gpuwarden.playbook.loader import PlaybookSet, load
+from tests.test_engine import T0, TOTAL_MIB, config
+
+OK = Outcome(ok=True, detail="property")
+
+# Every kind of scope and rule: `for`, `until`, cooldown, an `active` window, a schedule,
+# history of each root (a process rule reading its GPU's), held_for, and a process rule that
+# reads gpu.* and host.*.
+RULES = """
+rules:
+  - name: mem
+    when: gpu.memory.used_pct >= 90
+    for: 20s
+    until: gpu.memory.used_pct < 70
+    cooldown: 30s
+    steps:
+      - notify: oncall
+      - after: 10s
+        kill: {select: process.priority <= low, order: [-gpu_memory_mib],
+               free_until: gpu.memory.used_pct < 80, grace: 5s}
+  - name: hot
+    when: gpu.temperature_c >= 85 or "hw_thermal_slowdown" in gpu.throttle
+    steps: [{notify: oncall}, {power_cap: {percent: 80}}]
+  - name: trend
+    when: predict(gpu.memory.used_pct, 2m, 1m) >= 100 and rate(gpu.memory.used_pct, 1m) > 0
+    for: 10s
+    until: avg(gpu.memory.used_pct, 30s) < 50
+    steps: [{notify: oncall}]
+  - name: power
+    when: max(gpu.power_w, 1m) - min(gpu.power_w, 1m) > 100 or gpu.power_w / gpu.power_limit_w > 0.9
+    steps: [{notify: team}]
+  - name: idle-big
+    for_each: process
+    when: process.gpu_memory_mib >= 20000 and held_for(process.idle) >= 30s
+    cooldown: 1m
+    steps: [{notify: oncall}, {after: 20s, kill: {select: process.priority <= low}}]
+  - name: squeeze
+    for_each: process
+    when: >-
+      process.priority <= low and gpu.memory.used_pct >= 80
+      and avg(gpu.memory.used_pct, 1m) >= 75 and host.memory_used_pct >= 50
+    for: 15s
+    steps: [{notify: team}, {renice: {nice: 19}}]
+  - name: working-hours
+    for_each: process
+    active: "Mon-Fri 08:00-20:00"
+    when: process.cpu_pct >= 90 and process.age_s > 60
+    steps: [{notify: team}]
+  - name: host-full
+    for_each: host
+    when: max(host.memory_used_pct, 1m) >= 85 and host.process_count > 1
+    for: 10s
+    steps: [{notify: oncall}]
+  - name: xid
+    for_each: event
+    when: event.kind == "xid" and event.xid in [48, 79, 94] or event.kind == "gpu_lost"
+    cooldown: 20s
+    steps:
+      - notify: oncall
+      - checkpoint: {select: process.checkpointable and process.gpu == event.gpu}
+  - name: scheduled
+    every: 45s
+    when: gpu.memory.used_pct >= 60 and time.hour >= 0
+    steps: [{notify: team}]
+"""
+
+PIDS = (101, 102, 103, 104, 105, 106)
+PRIORITIES = ("low", "normal", "high")
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory: pytest.TempPathFactory) -> PlaybookSet:
+    path: Path = tmp_path_factory.mktemp("rules") / "rules.yaml"
+    path.write_text(textwrap.dedent(RULES))
+    return load([path], config())
+
+
+def _gpu(index: int, pct: int | None, temp: Any, power: float, hot: bool) -> GpuState:
+    used = None if pct is None else pct * TOTAL_MIB // 100
+    return GpuState(
+        index=index,
+        memory=Memory(TOTAL_MIB, used, None if used is None else TOTAL_MIB - used),
+        temperature_c=temp,
+        power_w=power,
+        power_limit_w=700.0,
+        throttle=("hw_thermal_slowdown",) if hot else (),
+    )
+
+
+def _proc(pid: int, gpu: int, mib: int | None, sm: int | None, cpu: float, rank: int) -> GpuProcess:
+    info = ProcessInfo(
+        pid=pid,
+        create_time=T0 - 100 * pid,
+        cpu_pct=cpu,
+        priority=PRIORITIES[rank],
+        checkpoint_signal="SIGUSR1" if pid % 2 else None,
+    )
+    return GpuProcess(pid=pid, gpu=gpu, gpu_memory_mib=mib, info=info, sm_util_pct=sm)
+
+
+temps = st.one_of(st.none(), st.integers(60, 95), st.just("hot"))  # "hot": a wrong type
+gpu_frames = st.tuples(
+    st.one_of(st.none(), st.integers(40, 100)), temps, st.floats(300, 700), st.booleans()
+)
+proc_frames = st.tuples(
+    st.sampled_from(PIDS),
+    st.integers(0, 2),
+    st.one_of(st.none(), st.integers(1000, 60000)),
+    st.one_of(st.none(), st.sampled_from((0, 0, 50))),
+    st.sampled_from((10.0, 95.0)),
+    st.integers(0, 2),
+)
+event_frames = st.tuples(
+    st.sampled_from((EventKind.XID, EventKind.GPU_LOST)),
+    st.one_of(st.none(), st.integers(0, 2)),
+    st.sampled_from((13, 48, 79)),
+)
+frames = st.lists(
+    st.tuples(
+        st.sampled_from((0, 1, 5, 10, 10, 30, 600)),  # seconds since the last tick
+        st.lists(gpu_frames, min_size=0, max_size=3),
+        st.lists(proc_frames, max_size=6),
+        st.lists(event_frames, max_size=2),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+def _snapshots(draw: list[Any]) -> list[tuple[float, Snapshot]]:
+    out: list[tuple[float, Snapshot]] = []
+    now = T0
+    for gap, gpus, procs, events in draw:
+        now += gap
+        states = tuple(_gpu(i, *g) for i, g in enumerate(gpus))
+        listed = tuple(_proc(*p) for p in procs)
+        happened = tuple(Event(kind, now, gpu=g, xid=x) for kind, g, x in events)
+        out.append((now, Snapshot("node-1", now, states, listed, happened)))
+    return out
+
+
+def _run(engine: Engine, snapshots: list[tuple[float, Snapshot]]) -> list[RuleChange | Intent]:
+    records: list[RuleChange | Intent] = []
+    for now, snapshot in snapshots:
+        tick = engine.step(snapshot, now)
+        records.extend(tick.records)
+        for intent in tick.intents:
+            engine.complete(intent.id, OK)
+    return records
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(draw=frames)
+def test_fast_path_records_equal_the_plain_ones(rules: PlaybookSet, draw: list[Any]) -> None:
+    cfg = config()
+    snapshots = _snapshots(draw)
+    fast = _run(Engine(rules, cfg), snapshots)
+    plain = _run(Engine(rules, cfg, reference=True), snapshots)
+    assert fast == plain
+
+
+def test_the_property_sees_every_kind_of_record(rules: PlaybookSet) -> None:
+    """The random scenarios above can fire each rule: one hand-made sequence does."""
+    cfg = config()
+    gpus_hot = [(95, 90, 690.0, True), (92, "hot", 400.0, False), (None, None, 350.0, False)]
+    procs = [(101, 0, 30000, 0, 95.0, 0), (101, 0, 30000, 0, 95.0, 0), (102, 1, 25000, 0, 95.0, 0)]
+    draw: list[Any] = [(10, gpus_hot, procs, [(EventKind.XID, 0, 79), (EventKind.XID, 0, 48)])]
+    draw += [(10, gpus_hot, procs, [])] * 8
+    draw += [(30, [(50, 60, 300.0, False)], procs[:1], [])] * 4
+    snapshots = _snapshots(draw)
+    fast = _run(Engine(rules, cfg), snapshots)
+    assert fast == _run(Engine(rules, cfg, reference=True), snapshots)
+    fired = {r.rule for r in fast if isinstance(r, RuleChange) and str(r.kind) == "firing"}
+    assert fired >= {"mem", "hot", "power", "idle-big", "squeeze", "xid", "scheduled"}
