@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,12 @@ import pytest
 
 from tests.local_users import LocalUsers
 from tests.system_users import User, created_users, unavailable
+
+# A suite started in the background by a script (``make test &``) inherits SIGINT ignored, and
+# so would every command it starts: the tests that end a watch with Ctrl-C, as a person does,
+# would wait forever. Python's own handler here means children start with the default again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @functools.cache

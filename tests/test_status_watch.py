@@ -104,6 +104,25 @@ def read_until(fd: int, deadline: float) -> bytes:
     return out
 
 
+def wait_or_kill(pid: int, deadline: float, output: bytes) -> int:
+    """The child's wait status; a child still running at ``deadline`` ignored the Ctrl-C:
+    it is killed and the test fails with where it was waiting and what it last wrote."""
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        wchan = "?"
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(
+        f"status --watch still ran after Ctrl-C (waiting in {wchan}): {output[-800:]!r}"
+    )
+
+
 def test_watch_in_a_real_80x24_terminal() -> None:
     # Four seconds before the XID: the screen shows it arrive and keeps it there.
     argv = [
@@ -119,8 +138,8 @@ def test_watch_in_a_real_80x24_terminal() -> None:
     os.kill(pid, signal.SIGWINCH)
     output = read_until(master, time.monotonic() + 9.0)
     os.write(master, b"\x03")  # Ctrl-C, as a person types it
-    output += read_until(master, time.monotonic() + 5.0)
-    _, status = os.waitpid(pid, 0)
+    output += read_until(master, time.monotonic() + 15.0)  # ends when the child closes it
+    status = wait_or_kill(pid, time.monotonic() + 10.0, output)
     os.close(master)
     assert os.WIFEXITED(status), status
     assert os.WEXITSTATUS(status) == 0  # README, exit codes: Ctrl-C ends a watch with 0
