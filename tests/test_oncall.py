@@ -153,6 +153,10 @@ class Night:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main([*argv, "--config", str(self.config_path)])
+        # The command stamped what it wrote with the wall clock; a daemon runs on that clock,
+        # so it never sees a request from its future. A loaded machine can leave the simulated
+        # clock behind the wall: catch up, or a silence would start after the next tick.
+        self.clock.advance(max(0.0, time.time() - self.clock.now()))
         return code, out.getvalue(), err.getvalue()
 
     def ok(self, *argv: str) -> str:
