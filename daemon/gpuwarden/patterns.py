@@ -17,6 +17,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Final, Literal
 
@@ -24,25 +25,32 @@ TEXT_LIMIT: Final = 4096  # characters of a text a config pattern is matched aga
 
 Engine = Literal["re2", "re"]
 
-try:  # the optional linear-time engine
-    import re2 as _re2
-except ImportError:  # pragma: no cover - depends on the installed extras
-    _re2 = None
+
+@functools.cache
+def _re2_module() -> Any | None:
+    """google-re2, imported at the first pattern (it maps ~2.5 MiB of C++ into the process:
+    a config without regexes never pays it), or None when the extra is not installed."""
+    try:  # the optional linear-time engine
+        import re2
+    except ImportError:  # pragma: no cover - depends on the installed extras
+        return None
+    return re2
 
 
 def re2_available() -> bool:
     """Whether google-re2 is installed (the ``re2`` extra)."""
-    return _re2 is not None
+    return _re2_module() is not None
 
 
 def _re2_compile(source: str) -> Any | None:
     """RE2's compiled form of ``source``, or None when RE2 is missing or cannot express it."""
-    if _re2 is None:
+    re2 = _re2_module()
+    if re2 is None:
         return None
-    options = _re2.Options()
+    options = re2.Options()
     options.log_errors = False  # an unsupported pattern is expected, not an error to print
     try:
-        return _re2.compile(source, options=options)
+        return re2.compile(source, options=options)
     except Exception:  # re2.error: back-references, look-around, ...
         return None
 

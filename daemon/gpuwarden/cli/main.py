@@ -4,23 +4,65 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
-from gpuwarden import __version__, config
-from gpuwarden.cli import check, cloud, doctor, incidents, notify, oncall, report, run, status
-from gpuwarden.cli.common import with_config
+from gpuwarden import __version__
 from gpuwarden.errors import ExitCode, GpuwardenError, InputError
 
+if TYPE_CHECKING:
+    from types import ModuleType
 
-def _parser() -> argparse.ArgumentParser:
+# The command families in the order ``--help`` lists them, each a module of this package with
+# ``add_commands`` (and ``add_schema`` for ``check``). Only the family of the command given is
+# imported: ``gpuwarden run`` does not load the report, status or cloud commands (their imports
+# would stay in the daemon's memory), and ``gpuwarden --version`` loads none.
+FAMILIES = ("status", "check", "run", "incidents", "oncall", "report", "notify", "doctor", "cloud")
+
+# command -> (family, function, whether it takes the loaded config)
+COMMANDS: dict[str, tuple[str, str, bool]] = {
+    "status": ("status", "cmd_status", False),
+    "record": ("status", "cmd_record", False),
+    "check": ("check", "cmd_check", False),
+    "drill": ("check", "cmd_drill", False),
+    "schema": ("check", "cmd_schema", False),
+    "run": ("run", "cmd_run", False),
+    "incidents": ("incidents", "cmd_incidents", True),
+    "incident": ("incidents", "cmd_incident", True),
+    "reset-breaker": ("incidents", "cmd_reset_breaker", True),
+    "ack": ("oncall", "cmd_ack", True),
+    "hold": ("oncall", "cmd_hold", True),
+    "release": ("oncall", "cmd_release", True),
+    "abort": ("oncall", "cmd_abort", True),
+    "silence": ("oncall", "cmd_silence", True),
+    "report": ("report", "cmd_report", True),
+    "notify-test": ("notify", "cmd_notify_test", True),
+    "outbox": ("notify", "cmd_outbox", True),
+    "doctor": ("doctor", "cmd_doctor", False),
+    "cloud": ("cloud", "cmd_cloud", True),
+}
+
+
+def _family(name: str) -> ModuleType:
+    return importlib.import_module(f"gpuwarden.cli.{name}")
+
+
+def _parser(families: Sequence[str] = FAMILIES) -> argparse.ArgumentParser:
+    """The parser with the commands of ``families`` (all of them by default)."""
     parser = argparse.ArgumentParser(
         prog="gpuwarden",
         description="Incident response for GPU servers: telemetry, playbooks, safe actions.",
     )
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    config_help = "configuration file"
+    if families:  # the config module loads pydantic: not for ``--version``
+        from gpuwarden.config import DEFAULT_PATH
+
+        config_help += f" (default: {DEFAULT_PATH} if it exists)"
     # Common options work before or after the command (``gpuwarden status --config F``).
     common = argparse.ArgumentParser(add_help=False)
     for target, default in ((parser, None), (common, argparse.SUPPRESS)):
@@ -28,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
             "--config",
             metavar="FILE",
             default=default,
-            help=f"configuration file (default: {config.DEFAULT_PATH} if it exists)",
+            help=config_help,
         )
         target.add_argument(
             "-v",
@@ -39,40 +81,40 @@ def _parser() -> argparse.ArgumentParser:
         )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    status.add_commands(sub, common)
-    check.add_commands(sub, common)
-    run.add_commands(sub, common)
-    incidents.add_commands(sub, common)
-    oncall.add_commands(sub, common)
-    report.add_commands(sub, common)
-    notify.add_commands(sub, common)
-    doctor.add_commands(sub, common)
-    cloud.add_commands(sub, common)
-    check.add_schema(sub, common)
+    for name in families:
+        _family(name).add_commands(sub, common)
+    if "check" in families:
+        _family("check").add_schema(sub, common)
     return parser
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "status": status.cmd_status,
-    "record": status.cmd_record,
-    "check": check.cmd_check,
-    "drill": check.cmd_drill,
-    "schema": check.cmd_schema,
-    "run": run.cmd_run,
-    "incidents": with_config(incidents.cmd_incidents),
-    "incident": with_config(incidents.cmd_incident),
-    "reset-breaker": with_config(incidents.cmd_reset_breaker),
-    "ack": with_config(oncall.cmd_ack),
-    "hold": with_config(oncall.cmd_hold),
-    "release": with_config(oncall.cmd_release),
-    "abort": with_config(oncall.cmd_abort),
-    "silence": with_config(oncall.cmd_silence),
-    "report": with_config(report.cmd_report),
-    "notify-test": with_config(notify.cmd_notify_test),
-    "outbox": with_config(notify.cmd_outbox),
-    "doctor": doctor.cmd_doctor,
-    "cloud": with_config(cloud.cmd_cloud),
-}
+def _families_for(argv: Sequence[str]) -> Sequence[str]:
+    """The families the parser needs for ``argv``: the given command's alone, none for
+    ``--version`` or a missing command, all of them for ``--help`` or an unknown command (to
+    list every command). The command is the first word that is not an option or the value of
+    ``--config`` (argparse takes ``--c``, ``--co``, ... for ``--config`` too)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            break
+        if word.startswith("-"):
+            if word in ("-h", "--help"):
+                return FAMILIES
+            if word.startswith("--c") and "=" not in word:
+                next(words, None)
+            continue
+        return (COMMANDS[word][0],) if word in COMMANDS else FAMILIES
+    return ()
+
+
+def _handler(command: str) -> Callable[[argparse.Namespace], int]:
+    family, function, takes_config = COMMANDS[command]
+    handler = getattr(_family(family), function)
+    if not takes_config:
+        return cast("Callable[[argparse.Namespace], int]", handler)
+    from gpuwarden.cli.common import with_config
+
+    return with_config(handler)
 
 
 def _glued(argv: Sequence[str]) -> list[str]:
@@ -88,15 +130,15 @@ def _glued(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(_glued(sys.argv[1:] if argv is None else argv))
+    words = _glued(sys.argv[1:] if argv is None else argv)
+    args = _parser(_families_for(words)).parse_args(words)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     try:
-        return int(COMMANDS[args.command](args))
+        return int(_handler(args.command)(args))
     except InputError as exc:  # file:line:col first, as compilers print it
         print(exc.render(), file=sys.stderr)
         return int(exc.exit_code)
