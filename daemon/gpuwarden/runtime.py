@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.actions.base import PowerControl
 from gpuwarden.actions.slurm import Slurm
 from gpuwarden.clock import Clock, ScaledClock, SystemClock
-from gpuwarden.cloud.rounds import Rounds, reaped_notes
 from gpuwarden.config import Config
 from gpuwarden.dispatch import Dispatcher, RunStats
 from gpuwarden.engine.engine import Engine
@@ -42,6 +41,7 @@ from gpuwarden.sources import Source
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from gpuwarden.cloud.reaper import Reaped
+    from gpuwarden.cloud.rounds import Rounds
     from gpuwarden.cloud.service import CloudService
     from gpuwarden.metrics import Metrics
     from gpuwarden.sdnotify import SystemdNotifier
@@ -85,7 +85,11 @@ class Runtime:
         self.cloud = cloud  # launches for provision steps; reconciled and reaped in rounds
         self.engine = Engine(playbooks, config, self_pid=self_pid)
         self.pool = ThreadPoolExecutor(config.safety.workers, thread_name_prefix="gpuwarden-step")
-        self.rounds = None if cloud is None else Rounds(cloud, self.pool, self.clock)
+        self.rounds: Rounds | None = None
+        if cloud is not None:  # the cloud modules are loaded only with a cloud profile
+            from gpuwarden.cloud.rounds import Rounds
+
+            self.rounds = Rounds(cloud, self.pool, self.clock)
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self.stats = RunStats()
@@ -388,6 +392,8 @@ class Runtime:
         what they cost: the launch was announced, so is the end of the spend."""
         if not reaped or self.notifications is None or self.cloud is None:
             return
+        from gpuwarden.cloud.rounds import reaped_notes
+
         notes = reaped_notes(self.cloud, self.engine.playbooks, reaped, now)
         for rule, lines, targets, severity in notes:
             self.notifications.tell(

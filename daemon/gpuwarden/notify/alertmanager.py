@@ -22,11 +22,9 @@ import json
 import logging
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.clock import Clock, SystemClock
 from gpuwarden.notify.alerts import iso, posted
@@ -34,6 +32,9 @@ from gpuwarden.notify.delivery import SCRUBBER, Resolver, UrlResult, clean_detai
 from gpuwarden.notify.messages import clean
 from gpuwarden.notify.outbox import Outbox, OutboxRow, clean_error
 from gpuwarden.notify.routing import redact_url
+
+if TYPE_CHECKING:
+    import urllib.request
 
 log = logging.getLogger("gpuwarden.notify")
 
@@ -46,6 +47,10 @@ class AlertmanagerError(Exception):
 
 def _request(base: str, path: str, *, data: bytes | None = None) -> urllib.request.Request:
     """A request to ``base`` + ``path``, with a URL's user and password as Basic auth."""
+    # Here, not at the top: urllib.request loads http.client, email and ssl (~4 MiB), which a
+    # daemon without an Alertmanager target (or an apprise one, which loads them too) never needs.
+    import urllib.request
+
     parts = urllib.parse.urlsplit(base.strip())
     if parts.scheme not in ("http", "https"):
         raise AlertmanagerError(f"{redact_url(base)}: not an http:// or https:// URL")
@@ -75,6 +80,9 @@ def call(base: str, path: str, *, body: Any = None, timeout: float = 10.0) -> An
     data = None if body is None else json.dumps(body).encode()
     request = _request(base, path, data=data)
     where = f"{redact_url(base)}{path.partition('?')[0]}"
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
             raw = answer.read(MAX_ANSWER)
