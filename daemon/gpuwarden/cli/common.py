@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING
 from gpuwarden import config
 from gpuwarden.errors import UsageError
 from gpuwarden.journal.schema import JOURNAL_NAME, Access
-from gpuwarden.sources.kernel_events import zone_of
 from gpuwarden.sources.select import EVENT_FORMS, Options, parse_events
-from gpuwarden.sources.smi_csv_records import split_columns
 from gpuwarden.units import parse_duration
 
 if TYPE_CHECKING:
@@ -177,13 +175,20 @@ def replay_options(args: argparse.Namespace, default_events: Sequence[str] = ())
     ``--events`` was given (the daemon's config)."""
     given = getattr(args, "events", None)
     events = tuple(parse_events(e) for e in (given if given is not None else default_events))
-    columns = tuple(split_columns(args.columns)) if getattr(args, "columns", None) else None
+    columns = None
+    if getattr(args, "columns", None):
+        from gpuwarden.sources.smi_csv_records import split_columns
+
+        columns = tuple(split_columns(args.columns))
     if columns is not None and not columns:
         raise UsageError("--columns is empty", "write e.g. --columns 'timestamp,index,name'")
     tz = getattr(args, "tz", None)
-    zone = zone_of(tz)
-    boot_time = None
     boot_text = getattr(args, "boot_time", None)
+    if tz is not None or boot_text:  # the kernel-log modules only when a log's times are read
+        from gpuwarden.sources.kernel_events import zone_of
+
+        zone = zone_of(tz)
+    boot_time = None
     if boot_text:
         try:
             booted = dt.datetime.fromisoformat(boot_text.replace("Z", "+00:00"))

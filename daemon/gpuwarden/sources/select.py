@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuwarden.config import Config, host_name
 from gpuwarden.errors import UsageError
 from gpuwarden.sources import Source
-from gpuwarden.sources.kernel_events import EventFeed, ReplayFeed, WithEvents
-from gpuwarden.sources.kmsg import DEV_KMSG, JournalFeed, KmsgFeed
 from gpuwarden.units import parse_duration
+
+if TYPE_CHECKING:
+    from gpuwarden.sources.kernel_events import EventFeed
+
+# The kernel-log modules (kernel_events, kmsg) are imported where events are asked for: a
+# daemon without ``events`` does not load their parsers.
+DEV_KMSG = "/dev/kmsg"  # kmsg.DEV_KMSG, without importing kmsg
 
 SCHEMES = ("nvml", "scenario", "smi-csv")
 EXAMPLES = "nvml, scenario:scenarios/xid79-one-of-eight.yaml@5m, smi-csv:nvidia-smi.log"
@@ -43,6 +49,8 @@ class EventsSpec:
     @property
     def text(self) -> str:
         if self.scheme == "kmsg":
+            from gpuwarden.sources.kmsg import DEV_KMSG
+
             return "kmsg" if self.path == DEV_KMSG else f"kmsg:{self.path}"
         return "kmsg:journal" if self.scheme == "journal" else f"{self.scheme}:{self.path}"
 
@@ -128,6 +136,8 @@ def with_sample(spec: SourceSpec, sample: int | None) -> SourceSpec:
 
 def parse_events(text: str) -> EventsSpec:
     """Parse an ``--events`` value; a bad one is a ``UsageError`` with the accepted forms."""
+    from gpuwarden.sources.kmsg import DEV_KMSG
+
     scheme, sep, rest = text.partition(":")
     if scheme == "kmsg":
         if not sep:
@@ -150,6 +160,9 @@ def parse_events(text: str) -> EventsSpec:
 
 def open_feeds(options: Options) -> list[EventFeed]:
     """The event feeds ``options`` names, opened (closed again if one fails)."""
+    from gpuwarden.sources.kernel_events import ReplayFeed
+    from gpuwarden.sources.kmsg import DEV_KMSG, JournalFeed, KmsgFeed
+
     feeds: list[EventFeed] = []
     try:
         for spec in options.events:
@@ -207,4 +220,6 @@ def open_source(
     except BaseException:
         source.close()
         raise
+    from gpuwarden.sources.kernel_events import WithEvents
+
     return WithEvents(source, feeds)
