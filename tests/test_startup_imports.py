@@ -111,3 +111,28 @@ def test_a_config_regex_still_runs_on_re2_when_installed(tmp_path: Path) -> None
         assert done.stdout.split() == ["re", "False", "False"]
     else:
         assert done.stdout.split() == ["re2", "True", "True"]
+
+
+def test_each_command_is_in_its_family_and_has_a_handler() -> None:
+    """``COMMANDS`` says which family defines a command: the parser built from that family
+    alone knows it, the full parser knows exactly these commands, and each handler exists."""
+    import argparse
+
+    from gpuwarden.cli import main
+
+    def commands(parser: argparse.ArgumentParser) -> set[str]:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return set(sub.choices)
+
+    assert commands(main._parser()) == set(main.COMMANDS)
+    for family in main.FAMILIES:
+        declared = {c for c, (f, _, _) in main.COMMANDS.items() if f == family}
+        assert commands(main._parser((family,))) == declared, family
+    for command in main.COMMANDS:
+        assert callable(main._handler(command)), command
+    assert main._families_for(["--config", "run", "status"]) == ("status",)
+    assert main._families_for(["--conf=x", "-v", "run"]) == ("run",)
+    assert main._families_for(["--version"]) == ()
+    assert main._families_for(["run", "--help"]) == ("run",)
+    assert main._families_for(["--help"]) == main.FAMILIES
+    assert main._families_for(["nonsense"]) == main.FAMILIES
