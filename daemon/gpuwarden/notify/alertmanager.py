@@ -48,7 +48,7 @@ class AlertmanagerError(Exception):
 def _request(base: str, path: str, *, data: bytes | None = None) -> urllib.request.Request:
     """A request to ``base`` + ``path``, with a URL's user and password as Basic auth."""
     # Here, not at the top: urllib.request loads http.client, email and ssl (~1.4 MiB), which a
-    # daemon without an Alertmanager target needs only if apprise (which loads them too) runs.
+    # daemon without an Alertmanager target does not need (apprise, when used, loads them too).
     import urllib.request
 
     parts = urllib.parse.urlsplit(base.strip())
