@@ -15,16 +15,17 @@ import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gpuwarden import config as config_module
 from gpuwarden import drill
+from gpuwarden.engine.quiet import quiet_rules
 from gpuwarden.model import GpuProcess, GpuState, Memory, Snapshot
 from gpuwarden.playbook import loader
-from gpuwarden.playbook.expr import Compiler
 from gpuwarden.playbook.bounds import Const, Span, Truth, decide, parse
+from gpuwarden.playbook.expr import Compiler
 from gpuwarden.sources.scenario import ScenarioSource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,11 @@ RANKS = {"critical": 3, "high": 2, "normal": 1, "low": 0}
         ("held_for(process.idle) >= 30m", {"process.sm_util_pct": Span(5, 40)}, Truth.FALSE),
         ("held_for(process.idle) >= 30m", {"process.sm_util_pct": Span(0, 40)}, Truth.MAYBE),
         ("held_for(process.idle) >= 30m", {"process.sm_util_pct": Const(None)}, Truth.FALSE),
-        ("predict(gpu.memory.used_pct, 10m) >= 100", {"gpu.memory.used_pct": Span(1, 2)}, Truth.MAYBE),
+        (
+            "predict(gpu.memory.used_pct, 10m) >= 100",
+            {"gpu.memory.used_pct": Span(1, 2)},
+            Truth.MAYBE,
+        ),
         ("avg(gpu.memory.used_pct, 1m) >= 100", {"gpu.memory.used_pct": Span(1, 2)}, Truth.MAYBE),
         ("time.hour >= 8", {}, Truth.MAYBE),
         ("host.gpus_lost > 0", {}, Truth.MAYBE),
@@ -122,9 +127,9 @@ def test_never_means_never_on_sampled_values() -> None:
             gpu = GpuState(
                 index=0,
                 memory=Memory(total, round(used * total / 100), total - round(used * total / 100)),
-                temperature_c=temp,
+                temperature_c=cast(Any, temp),  # a float where an int goes: still ordered
                 power_w=power,
-                utilization_pct=util,
+                utilization_pct=cast(Any, util),
             )
             if gpu.memory.used_pct != used:  # rounding: not a value within the bounds
                 continue
@@ -186,7 +191,8 @@ def _check_stretches(path: Path, step: float) -> int:
             for name, value in flat.items():
                 a, b = first[name], last[name]
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    assert isinstance(a, int | float) and isinstance(b, int | float), name
+                    assert isinstance(a, int | float), name
+                    assert isinstance(b, int | float), name
                     slack = 2.0 if ".memory." in name else 0.0
                     if name.endswith("_pct") and ".memory." in name:
                         slack = 1.0
@@ -226,7 +232,7 @@ def _records(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_fast_forward_changes_no_record(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     told: list[frozenset[str]] = []
-    real = drill.quiet_rules
+    real = quiet_rules
 
     def spy(*args: Any, **kwargs: Any) -> frozenset[str]:
         told.append(real(*args, **kwargs))

@@ -233,7 +233,8 @@ def test_the_property_sees_every_kind_of_record(rules: PlaybookSet) -> None:
     assert _run(Engine(rules, cfg), snapshots, proven) == fast
     # At the cool ticks at the end some rules are shown quiet; not the one that holds
     # there (working-hours) nor one that reads held_for of a condition that holds.
-    at_end = proven(*reversed(snapshots[-1]))
+    end, last = snapshots[-1]
+    at_end = proven(last, end)
     assert {"mem", "hot", "squeeze"} <= set(at_end)
     assert not {"working-hours", "idle-big", "scheduled", "xid"} & set(at_end)
     # Told wrongly (every rule quiet at every tick), the engine loses records: the comparison

@@ -33,7 +33,7 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Container, Iterable
+from collections.abc import Collection, Container, Iterable
 from typing import Any
 
 from gpuwarden.config import Config
@@ -237,9 +237,7 @@ class Engine:
         """An executor finished an intent; the ladder may move on."""
         self._ladder.complete(intent_id, outcome)
 
-    def step(
-        self, snapshot: Snapshot, now: float, *, quiet: Collection[str] = frozenset()
-    ) -> Tick:
+    def step(self, snapshot: Snapshot, now: float, *, quiet: Collection[str] = frozenset()) -> Tick:
         """One tick. ``quiet``: rules whose ``when`` the caller has shown to hold in no scope
         of this tick (a drill's fast-forward, engine/quiet.py). Such a rule is not evaluated
         while it has no state in any scope (nothing pending, firing, cooling down or stood

@@ -22,8 +22,8 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuwarden.playbook.expr_text import ExprError, prepare
 from gpuwarden.playbook.expr_names import WORDS
+from gpuwarden.playbook.expr_text import ExprError, prepare
 
 __all__ = ["Abstract", "Const", "Span", "Truth", "decide", "parse"]
 
@@ -71,7 +71,9 @@ def parse(text: str) -> ast.expr | None:
         return None
 
 
-def decide(tree: ast.expr | None, fields: Mapping[str, Abstract], ranks: Mapping[str, int]) -> Truth:
+def decide(
+    tree: ast.expr | None, fields: Mapping[str, Abstract], ranks: Mapping[str, int]
+) -> Truth:
     """What the condition ``tree`` (from ``parse``) is at every tick whose fields lie within
     ``fields`` (field path -> bounds; a path not there is unknown). ``ranks``: the priority
     class names and the ranks the expression reads them as."""
