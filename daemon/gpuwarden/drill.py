@@ -339,8 +339,16 @@ class _Ahead:
         if last == n:
             return self._rules
         peek = self._source.peek
-        ends = [(peek(t), t) for t in (self._at(n), self._at(last))]
-        self._rules = quiet_rules(self._playbooks, ends[0], ends[1], self._engine.tz)
+        ticks = [self._at(k) for k in range(n, last + 1)]
+        ends = [(peek(t), t) for t in (ticks[0], ticks[-1])]
+        self._rules = quiet_rules(
+            self._playbooks,
+            ends[0],
+            ends[1],
+            self._engine.tz,
+            history=self._engine.history,
+            ticks=ticks,
+        )
         self._last = last
         return self._rules
 

@@ -233,6 +233,10 @@ class History:
                 track.sxv.append(track.sxv[-1] + x * v)
             track.trim(oldest, max_samples)
 
+    def track(self, scope_key: Hashable, sid: int) -> Track | None:
+        """The samples of series ``sid`` kept for ``scope_key`` (read only)."""
+        return self._values.get(scope_key, {}).get(sid)
+
     def need_window(self, sid: int, window: float) -> None:
         """Keep at least ``window`` seconds of series ``sid`` from now on."""
         if window > self._windows.get(sid, 0.0):

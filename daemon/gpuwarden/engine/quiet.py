@@ -21,11 +21,22 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import functools
+import math
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
 
 from gpuwarden.engine.history import History
 from gpuwarden.engine.scopes import SCOPES, Scope
 from gpuwarden.model import Snapshot
-from gpuwarden.playbook.bounds import Abstract, Const, Span, Truth, decide, parse
+from gpuwarden.playbook.bounds import (
+    Abstract,
+    Const,
+    HistoryBounds,
+    Span,
+    Truth,
+    decide,
+    parse,
+)
 from gpuwarden.playbook.fields import tick_env
 from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
 
@@ -51,15 +62,22 @@ def quiet_rules(
     first: tuple[Snapshot, float],
     last: tuple[Snapshot, float],
     tz: dt.tzinfo,
+    *,
+    history: History | None = None,
+    ticks: Sequence[float] = (),
 ) -> frozenset[str]:
     """The rules of ``playbooks`` whose ``when`` holds at no tick from ``first`` to ``last``
     (each a snapshot and its instant), given that every ``gpu.*`` and ``process.*`` field
-    between them lies between its values in the two (see the module doc)."""
+    between them lies between its values in the two (see the module doc). With ``history``
+    (the engine's, as it stands before the first tick) and ``ticks`` (every instant of the
+    stretch, in order), ``avg``, ``min``, ``max`` and ``predict`` of such a field are bounded
+    too (see ``_Windows``); without them they are unknown."""
     rules = [r for r in playbooks.rules if candidate(r)]
     if not rules:
         return frozenset()
     ranks = playbooks.compiler.ranks
     ends = (_Envs(*first, tz), _Envs(*last, tz))
+    windows = _Windows(playbooks, history, ticks) if history is not None and ticks else None
     quiet: set[str] = set()
     for rule in rules:
         tree = _tree(rule.when.text)
@@ -71,7 +89,8 @@ def quiet_rules(
             continue  # the scopes differ between the ends: nothing is decided
         for a, b in zip(*pairs, strict=True):
             bounds = _bounds(rule, ends[0].env(a), ends[1].env(b), a, b)
-            if not decide(tree, bounds, ranks).never_true:
+            seen = None if windows is None else windows.of(rule.spec.for_each, a.key, bounds)
+            if not decide(tree, bounds, ranks, seen).never_true:
                 break
         else:
             quiet.add(rule.name)
@@ -151,3 +170,98 @@ def _memory_slack(path: str, a: Scope, b: Scope) -> float | None:
     if len(totals) != 2:
         return None
     return _SLACK_MIB * 100.0 / min(totals) + 1e-9
+
+
+class _Windows:
+    """Bounds of ``avg``/``min``/``max``/``predict`` of a field over a stretch, in one scope.
+
+    At each tick the window holds samples recorded before the stretch (known: the history)
+    and the stretch's own, which lie within the field's bounds. ``avg``, ``min`` and ``max``
+    lie between the least and the greatest of all of them. ``predict`` is the least-squares
+    line at ``now + horizon``: a sum of the samples with weights ``w_i`` that add up to 1,
+    ``|w_i| <= 1/n + |x0 - mean(x)| * |x_i - mean(x)| / Sxx``, so with every sample within
+    ``mid ± r`` it lies within ``mid ± r * (1 + |x0 - mean(x)| * sqrt(n / Sxx))``; the sample
+    times (the history's, then the ticks') give that factor at each tick, and the largest is
+    taken. Only a scope's own series is read (not a wider scope's, as a process rule reading
+    a GPU's history would), and the answers are widened for floating point."""
+
+    def __init__(self, playbooks: PlaybookSet, history: History, ticks: Sequence[float]) -> None:
+        self.series = {(s.root, s.text): s for s in playbooks.series if s.kind == "value"}
+        self.history = history
+        self.ticks = tuple(ticks)
+        self._spread: dict[tuple[tuple[float, ...], float, float], float | None] = {}
+
+    def of(self, kind: str, key: str, fields: Mapping[str, Abstract]) -> HistoryBounds:
+        def bounds(name: str, path: str, args: tuple[float, ...]) -> Abstract:
+            return self._bounds(kind, key, fields, name, path, args)
+
+        return bounds
+
+    def _bounds(
+        self,
+        kind: str,
+        key: str,
+        fields: Mapping[str, Abstract],
+        name: str,
+        path: str,
+        args: tuple[float, ...],
+    ) -> Abstract:
+        span = fields.get(path)
+        series = self.series.get((kind, path))
+        if not isinstance(span, Span) or span.maybe_none or series is None:
+            return None
+        window = args[-1]
+        first = self.ticks[0]
+        times: list[float] = []
+        values: list[float] = []
+        track = self.history.track(key, series.id)
+        if track is not None:
+            start = track.start
+            if len(track.times) > start and track.times[-1] > first:
+                return None  # the clock went back: the track starts over
+            i = bisect_left(track.times, first - window, start)
+            j = bisect_left(track.times, first, i)  # one at `first` itself is replaced
+            times, values = track.times[i:j], track.values[i:j]
+        if len(times) + len(self.ticks) + 2 >= self.history.max_samples:
+            return None
+        lo, hi = min([span.lo, *values]), max([span.hi, *values])
+        if name != "predict":
+            slack = 1e-6 * (1.0 + abs(lo) + abs(hi))
+            return Span(lo - slack, hi + slack, maybe_none=True)
+        spread = self._factor(tuple(times), args[0], window)
+        if spread is None:
+            return None
+        mid, reach = (lo + hi) / 2, (hi - lo) / 2 * spread
+        slack = 1e-4 * (1.0 + abs(mid) + reach)
+        return Span(mid - reach - slack, mid + reach + slack, maybe_none=True)
+
+    def _factor(self, before: tuple[float, ...], horizon: float, window: float) -> float | None:
+        """The largest ``1 + |x0 - mean(x)| * sqrt(n / Sxx)`` over the ticks (see the class
+        doc); None when some tick's times are too close together to bound it."""
+        cache = (before, horizon, window)
+        if cache in self._spread:
+            return self._spread[cache]
+        origin = self.ticks[0]
+        times = [t - origin for t in (*before, *self.ticks)]
+        sums, squares = [0.0], [0.0]
+        for x in times:
+            sums.append(sums[-1] + x)
+            squares.append(squares[-1] + x * x)
+        largest: float | None = 1.0
+        i = 0
+        for j in range(len(before) + 1, len(times) + 1):  # samples [i, j) at tick j - 1
+            now = times[j - 1]
+            while times[i] < now - window:
+                i += 1
+            n = j - i
+            if n < 2:
+                continue  # predict is None there
+            sx = sums[j] - sums[i]
+            sxx = squares[j] - squares[i] - sx * sx / n
+            if sxx <= 1e-6 * n * (1.0 + window * window):
+                largest = None  # nearly equal times: the line can be anything
+                break
+            assert largest is not None
+            largest = max(largest, 1.0 + (now + horizon - sx / n) * math.sqrt(n / sxx))
+        self._spread[cache] = largest
+        return largest

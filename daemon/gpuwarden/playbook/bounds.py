@@ -22,6 +22,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpuwarden.playbook.expr_calls import DEFAULT_PREDICT_WINDOW
 from gpuwarden.playbook.expr_names import WORDS
 from gpuwarden.playbook.expr_text import ExprError, prepare
 
@@ -44,10 +45,11 @@ class Truth(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """A number somewhere in ``[lo, hi]`` at every tick (never None)."""
+    """A number somewhere in ``[lo, hi]`` at every tick; ``maybe_none``: or None at some."""
 
     lo: float
     hi: float
+    maybe_none: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,10 @@ class Const:
 # The bounds of one value over a stretch; None: nothing is known.
 Abstract = Span | Const | Truth | None
 _UNKNOWN: Abstract = None
+# The bounds of a history function over a stretch in one scope: (function, field path,
+# its arguments in seconds: horizon and window for predict, window for the others).
+HistoryBounds = Callable[[str, str, tuple[float, ...]], Abstract]
+_HISTORY_CALLS = {"avg": 1, "min": 1, "max": 1, "predict": 2}
 
 
 def parse(text: str) -> ast.expr | None:
@@ -72,15 +78,19 @@ def parse(text: str) -> ast.expr | None:
 
 
 def decide(
-    tree: ast.expr | None, fields: Mapping[str, Abstract], ranks: Mapping[str, int]
+    tree: ast.expr | None,
+    fields: Mapping[str, Abstract],
+    ranks: Mapping[str, int],
+    history: HistoryBounds | None = None,
 ) -> Truth:
     """What the condition ``tree`` (from ``parse``) is at every tick whose fields lie within
     ``fields`` (field path -> bounds; a path not there is unknown). ``ranks``: the priority
-    class names and the ranks the expression reads them as."""
+    class names and the ranks the expression reads them as. ``history``: bounds of ``avg``,
+    ``min``, ``max`` and ``predict`` in the scope (without it they are unknown)."""
     if tree is None:
         return Truth.MAYBE
     try:
-        return _truth(_Eval(fields, ranks).value(tree))
+        return _truth(_Eval(fields, ranks, history).value(tree))
     except RecursionError:
         return Truth.MAYBE
 
@@ -99,9 +109,15 @@ def _span_of(value: Abstract) -> Span | None:
 
 
 class _Eval:
-    def __init__(self, fields: Mapping[str, Abstract], ranks: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        fields: Mapping[str, Abstract],
+        ranks: Mapping[str, int],
+        history: HistoryBounds | None,
+    ) -> None:
         self.fields = fields
         self.ranks = ranks
+        self.history = history
 
     def value(self, node: ast.expr) -> Abstract:
         method: Callable[[ast.expr], Abstract] | None = getattr(
@@ -145,7 +161,7 @@ class _Eval:
             item = self.value(elt)
             if isinstance(item, Const) and isinstance(item.value, str):
                 items.append(item.value)
-            elif isinstance(item, Span) and item.lo == item.hi:
+            elif isinstance(item, Span) and item.lo == item.hi and not item.maybe_none:
                 items.append(item.lo)
             else:
                 return _UNKNOWN
@@ -178,7 +194,7 @@ class _Eval:
         if span is None:
             return _UNKNOWN
         if isinstance(node.op, ast.USub):
-            return Span(-span.hi, -span.lo)
+            return Span(-span.hi, -span.lo, span.maybe_none)
         return span if isinstance(node.op, ast.UAdd) else _UNKNOWN
 
     def _binop(self, node: ast.expr) -> Abstract:
@@ -186,13 +202,14 @@ class _Eval:
         a, b = _span_of(self.value(node.left)), _span_of(self.value(node.right))
         if a is None or b is None:
             return _UNKNOWN
+        none = a.maybe_none or b.maybe_none
         if isinstance(node.op, ast.Add):
-            return Span(a.lo + b.lo, a.hi + b.hi)
+            return Span(a.lo + b.lo, a.hi + b.hi, none)
         if isinstance(node.op, ast.Sub):
-            return Span(a.lo - b.hi, a.hi - b.lo)
+            return Span(a.lo - b.hi, a.hi - b.lo, none)
         if isinstance(node.op, ast.Mult):
             ends = (a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi)
-            return Span(min(ends), max(ends))
+            return Span(min(ends), max(ends), none)
         return _UNKNOWN
 
     def _call(self, node: ast.expr) -> Abstract:
@@ -207,6 +224,19 @@ class _Eval:
             # The condition is false (or unknown) at every tick, and the engine records it
             # before it evaluates: it has held for 0 s at each of them.
             return Span(0.0, 0.0)
+        if isinstance(node.func, ast.Name) and self.history is not None and not node.keywords:
+            name = node.func.id
+            wanted = _HISTORY_CALLS.get(name)
+            path = _path(node.args[0]) if node.args else None
+            numbers = [_number(arg) for arg in node.args[1:]]
+            if wanted is None or path is None:
+                return _UNKNOWN
+            if name == "predict" and len(numbers) == 1:
+                numbers.append(DEFAULT_PREDICT_WINDOW)
+            args = tuple(n for n in numbers if n is not None)
+            if len(args) != len(numbers) or len(args) != wanted:
+                return _UNKNOWN
+            return self.history(name, path, args)
         return _UNKNOWN
 
     def _compare(self, node: ast.expr) -> Abstract:
@@ -218,7 +248,10 @@ class _Eval:
         if isinstance(op, ast.In | ast.NotIn):
             return _membership(a, b, negate=isinstance(op, ast.NotIn))
         if isinstance(a, Span) and isinstance(b, Span):
-            return _order(op, a, b)
+            found = _order(op, a, b)
+            if a.maybe_none or b.maybe_none:  # None at some tick: never true there
+                return Truth.NEVER if found.never_true else Truth.MAYBE
+            return found
         if isinstance(a, Const) and isinstance(b, Const):
             if a.value is None or b.value is None:
                 # An unknown value never orders; == and != with null are left undecided.
@@ -246,10 +279,15 @@ def _path(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
+def _number(node: ast.expr) -> float | None:
+    value = node.value if isinstance(node, ast.Constant) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _is_zero(value: Abstract) -> Abstract:
     if isinstance(value, Const) and value.value is None:
         return value  # unknown utilization: unknown idleness
-    if not isinstance(value, Span):
+    if not isinstance(value, Span) or value.maybe_none:
         return _UNKNOWN
     if value.lo > 0 or value.hi < 0:
         return Truth.FALSE
@@ -305,7 +343,7 @@ def _membership(item: Abstract, container: Abstract, *, negate: bool) -> Truth:
         return Truth.MAYBE
     if isinstance(item, Const) and isinstance(item.value, str):
         inside = item.value in container.value
-    elif isinstance(item, Span) and isinstance(container.value, tuple):
+    elif isinstance(item, Span) and isinstance(container.value, tuple) and not item.maybe_none:
         numbers = [v for v in container.value if isinstance(v, int | float)]
         if len(numbers) != len(container.value):
             return Truth.MAYBE
