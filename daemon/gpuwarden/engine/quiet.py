@@ -79,6 +79,7 @@ def quiet_rules(
     ends = (_Envs(*first, tz), _Envs(*last, tz))
     windows = _Windows(playbooks, history, ticks) if history is not None and ticks else None
     quiet: set[str] = set()
+    hulls: dict[tuple[str, str], Abstract] = {}  # (scope key, field) -> its bounds
     for rule in rules:
         tree = _tree(rule.when.text)
         if tree is None:
@@ -88,7 +89,7 @@ def quiet_rules(
         if keys != [s.key for s in pairs[1]] or len(set(keys)) != len(keys):
             continue  # the scopes differ between the ends: nothing is decided
         for a, b in zip(*pairs, strict=True):
-            bounds = _bounds(rule, ends[0].env(a), ends[1].env(b), a, b)
+            bounds = _bounds(rule, ends[0].env(a), ends[1].env(b), a, b, hulls)
             seen = None if windows is None else windows.of(rule.spec.for_each, a.key, bounds)
             if not decide(tree, bounds, ranks, seen).never_true:
                 break
@@ -109,6 +110,7 @@ class _Envs:
         base["_h"] = History().view("", now)
         self.base = base
         self._scopes: dict[str, list[Scope]] = {}
+        self._envs: dict[str, dict[str, object]] = {}
 
     def scopes(self, kind: str) -> list[Scope]:
         found = self._scopes.get(kind)
@@ -117,20 +119,30 @@ class _Envs:
         return found
 
     def env(self, scope: Scope) -> dict[str, object]:
-        env = dict(self.base)
-        env.update(gpu=scope.gpu, process=scope.process, event=scope.event)
+        env = self._envs.get(scope.key)
+        if env is None:
+            env = self._envs[scope.key] = dict(self.base)
+            env.update(gpu=scope.gpu, process=scope.process, event=scope.event)
         return env
 
 
 def _bounds(
-    rule: CompiledRule, env_a: dict[str, object], env_b: dict[str, object], a: Scope, b: Scope
+    rule: CompiledRule,
+    env_a: dict[str, object],
+    env_b: dict[str, object],
+    a: Scope,
+    b: Scope,
+    hulls: dict[tuple[str, str], Abstract],
 ) -> dict[str, Abstract]:
     out: dict[str, Abstract] = {}
     for show in rule.shows:
-        if show.field.startswith(_ROOTS):
-            out[show.field] = _hull(
-                show.field, show.value.evaluate(env_a), show.value.evaluate(env_b), a, b
-            )
+        name = show.field
+        if name.startswith(_ROOTS):
+            known = (a.key, name)
+            if known not in hulls:
+                ends = show.value.evaluate(env_a), show.value.evaluate(env_b)
+                hulls[known] = _hull(name, *ends, a, b)
+            out[name] = hulls[known]
     if "process.idle" in rule.when.fields and a.process is not None and b.process is not None:
         out["process.sm_util_pct"] = _hull(
             "process.sm_util_pct", a.process.sm_util_pct, b.process.sm_util_pct, a, b
