@@ -91,6 +91,8 @@ class Engine:
         self._reference = reference
         self._process_keys = ProcessKeys()
         self._history_kinds = _history_kinds(playbooks)
+        # The last tick's quiet rules and what _skipped made of them.
+        self._skipping: tuple[Collection[str], tuple[frozenset[str], frozenset[str]]] | None = None
 
     @property
     def planner(self) -> Planner:
@@ -144,6 +146,7 @@ class Engine:
         self._ladder.planner = Planner(ProtectedMatcher(config.protected, self_pid=self._self_pid))
         self.history = History()
         self._history_kinds = _history_kinds(playbooks)
+        self._skipping = None
         self._last_run = {k: v for k, v in self._last_run.items() if k in names}
         return closed
 
@@ -301,6 +304,11 @@ class Engine:
         """Of ``quiet``, the rules this tick skips (see ``step``), and the kinds whose rows
         then need no history views (no rule evaluated over them reads history)."""
         states = self._lifecycle.states
+        known = self._skipping
+        if known is not None and known[0] is quiet and not any(states.get(n) for n in known[1][0]):
+            # The same quiet rules as the tick before, and none skipped then has a state now
+            # (one that was not skipped for its state stays evaluated: never wrong).
+            return known[1]
         rules = self.playbooks.rules
         skip = frozenset(
             r.name
@@ -311,7 +319,9 @@ class Engine:
             and not states.get(r.name)
         )
         needed = {r.spec.for_each for r in rules if r.when.series and r.name not in skip}
-        return skip, frozenset(k for k in self._history_kinds if k not in needed)
+        found = skip, frozenset(k for k in self._history_kinds if k not in needed)
+        self._skipping = (quiet, found)
+        return found
 
     # -- history and environments -----------------------------------------------------------
 
