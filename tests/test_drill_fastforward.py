@@ -223,14 +223,17 @@ def test_a_day_like_the_benchmark_s_lies_between_its_ends(tmp_path: Path) -> Non
 # -- 3. the records -------------------------------------------------------------------------
 
 
-def _records(path: Path) -> list[str]:
+def _records(path: Path, tick: float) -> list[str]:
     cfg = config_module.load(ROOT / "config" / "gpuwarden.yaml")
     playbooks = loader.load([ROOT / "playbooks"], cfg)
-    return [json.dumps(r, sort_keys=True) for r in drill.run(path, cfg, playbooks, tick=1.0)]
+    return [json.dumps(r, sort_keys=True) for r in drill.run(path, cfg, playbooks, tick=tick)]
 
 
+@pytest.mark.parametrize("tick", [1.0, 0.37])
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_fast_forward_changes_no_record(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_forward_changes_no_record(
+    path: Path, tick: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     told: list[frozenset[str]] = []
     real = quiet_rules
 
@@ -239,7 +242,7 @@ def test_fast_forward_changes_no_record(path: Path, monkeypatch: pytest.MonkeyPa
         return told[-1]
 
     monkeypatch.setattr(drill, "quiet_rules", spy)
-    fast = _records(path)
+    fast = _records(path, tick)
     assert any(told), "the fast-forward never found a quiet rule"
     monkeypatch.setattr(drill, "quiet_rules", lambda *args, **kwargs: frozenset())
-    assert _records(path) == fast
+    assert _records(path, tick) == fast

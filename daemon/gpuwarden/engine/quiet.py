@@ -254,8 +254,9 @@ class _Windows:
         if cache in self._spread:
             return self._spread[cache]
         origin = self.ticks[0]
-        times = [t - origin for t in (*before, *self.ticks)]
-        sums, squares = [0.0], [0.0]
+        instants = (*before, *self.ticks)
+        times = [t - origin for t in instants]  # for the sums; which samples a window
+        sums, squares = [0.0], [0.0]  # holds is decided on the instants, as History does
         for x in times:
             sums.append(sums[-1] + x)
             squares.append(squares[-1] + x * x)
@@ -263,7 +264,8 @@ class _Windows:
         i = 0
         for j in range(len(before) + 1, len(times) + 1):  # samples [i, j) at tick j - 1
             now = times[j - 1]
-            while times[i] < now - window:
+            oldest = instants[j - 1] - window
+            while instants[i] < oldest:
                 i += 1
             n = j - i
             if n < 2:
