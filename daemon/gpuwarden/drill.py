@@ -34,6 +34,7 @@ from gpuwarden.clock import SimClock
 from gpuwarden.cloud import plan
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
+from gpuwarden.engine.quiet import candidate, quiet_rules
 from gpuwarden.model import Intent, Outcome, RuleChange, Snapshot, Target
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.playbook.schema import ENDING_KINDS
@@ -220,14 +221,18 @@ def run(
             record["at"] = _wall(now, zone)
             return record
 
+        ahead = _Ahead(source, engine, playbooks, source.start_time + offset, interval, steps)
         for n in range(steps + 1):
             now = source.start_time + offset + n * interval
             clock.advance(now - clock.now())
             t = now - source.start_time
+            quiet = ahead.quiet(n)
             snapshot = source.snapshot(now)
             if observe is not None:
                 observe(snapshot, now)
-            result = engine.step(snapshot, now)
+            result = engine.step(snapshot, now, quiet=quiet)
+            if result.records:
+                ahead.forget()  # a step may change what plays next (a killed job vanishes)
             summary.ticks += 1
             messages.observe(result.records, snapshot, engine.incidents, now)
             for item in result.records:
@@ -281,6 +286,71 @@ def run(
         notified, queued = messages.deliver(clock.now(), send=deliver)
         summary.notified, summary.notify_queued = (notified, queued) if deliver else (0, 0)
     summary.wall_s = time.perf_counter() - began
+
+
+class _Ahead:
+    """The drill's fast-forward: for each stretch of ticks the source promises bounds for
+    (``ScenarioSource.stretch``), the rules that cannot hold anywhere in it, worked out once
+    from the snapshots at its first and last tick (engine/quiet.py) and handed to every
+    ``Engine.step`` of the stretch, which then skips those without state. Records are the
+    same as without it; only the time differs."""
+
+    def __init__(
+        self,
+        source: DrillSource,
+        engine: Engine,
+        playbooks: PlaybookSet,
+        first: float,
+        interval: float,
+        steps: int,
+    ) -> None:
+        stretch = getattr(source, "stretch", None)
+        self._stretch: Callable[[float], object] | None = (
+            stretch if callable(stretch) and any(map(candidate, playbooks.rules)) else None
+        )
+        self._source = source
+        self._engine = engine
+        self._playbooks = playbooks
+        self._first = first
+        self._interval = interval
+        self._steps = steps
+        self._rules: frozenset[str] = frozenset()
+        self._last = -1  # the last tick the rules are known for
+
+    def _at(self, n: int) -> float:
+        return self._first + n * self._interval  # as the drill's loop computes it
+
+    def forget(self) -> None:
+        self._last = -1
+
+    def quiet(self, n: int) -> frozenset[str]:
+        if n <= self._last:
+            return self._rules
+        self._rules, self._last = frozenset(), n
+        stretch = self._stretch
+        if stretch is None:
+            return self._rules
+        key = stretch(self._at(n))
+        if key is None:
+            return self._rules
+        last = n
+        while last < self._steps and stretch(self._at(last + 1)) == key:
+            last += 1
+        if last == n:
+            return self._rules
+        peek = self._source.peek
+        ticks = [self._at(k) for k in range(n, last + 1)]
+        ends = [(peek(t), t) for t in (ticks[0], ticks[-1])]
+        self._rules = quiet_rules(
+            self._playbooks,
+            ends[0],
+            ends[1],
+            self._engine.tz,
+            history=self._engine.history,
+            ticks=ticks,
+        )
+        self._last = last
+        return self._rules
 
 
 class _Messages:

@@ -33,7 +33,7 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Container, Iterable
+from collections.abc import Collection, Container, Iterable
 from typing import Any
 
 from gpuwarden.config import Config
@@ -91,6 +91,8 @@ class Engine:
         self._reference = reference
         self._process_keys = ProcessKeys()
         self._history_kinds = _history_kinds(playbooks)
+        # The last tick's quiet rules and what _skipped made of them.
+        self._skipping: tuple[Collection[str], tuple[frozenset[str], frozenset[str]]] | None = None
 
     @property
     def planner(self) -> Planner:
@@ -144,6 +146,7 @@ class Engine:
         self._ladder.planner = Planner(ProtectedMatcher(config.protected, self_pid=self._self_pid))
         self.history = History()
         self._history_kinds = _history_kinds(playbooks)
+        self._skipping = None
         self._last_run = {k: v for k, v in self._last_run.items() if k in names}
         return closed
 
@@ -237,7 +240,13 @@ class Engine:
         """An executor finished an intent; the ladder may move on."""
         self._ladder.complete(intent_id, outcome)
 
-    def step(self, snapshot: Snapshot, now: float) -> Tick:
+    def step(self, snapshot: Snapshot, now: float, *, quiet: Collection[str] = frozenset()) -> Tick:
+        """One tick. ``quiet``: rules whose ``when`` the caller has shown to hold in no scope
+        of this tick (a drill's fast-forward, engine/quiet.py). Such a rule is not evaluated
+        while it has no state in any scope (nothing pending, firing, cooling down or stood
+        down), which is exactly when its evaluation would change nothing; scheduled and event
+        rules are evaluated regardless. History is recorded as at any tick. A wrong ``quiet``
+        loses records: tests compare this with ``Engine(reference=True)``, which ignores it."""
         records: Records = []
         changes = intents = records  # one ordered list; the names say what goes in
         gpus = {g.index: g for g in snapshot.gpus}
@@ -252,11 +261,15 @@ class Engine:
         self._record_history(sets, base, common, now)
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
+        lifecycle = self._lifecycle
+        skipped = self._skipped(quiet) if quiet and not self._reference else _NONE
         if not self._reference:
             for kind in self._history_kinds:
-                self._add_history(sets[kind], now)
-        lifecycle = self._lifecycle
+                if kind not in skipped[1]:
+                    self._add_history(sets[kind], now)
         for rule in self.playbooks.rules:
+            if rule.name in skipped[0]:
+                continue
             scopes = sets[rule.spec.for_each]
             if rule.every is not None:
                 # Counted from when the engine first saw the rule: a daemon started on
@@ -286,6 +299,29 @@ class Engine:
                 every_scope=self._reference,
             )
         return Tick(tuple(records))
+
+    def _skipped(self, quiet: Collection[str]) -> tuple[frozenset[str], frozenset[str]]:
+        """Of ``quiet``, the rules this tick skips (see ``step``), and the kinds whose rows
+        then need no history views (no rule evaluated over them reads history)."""
+        states = self._lifecycle.states
+        known = self._skipping
+        if known is not None and known[0] is quiet and not any(states.get(n) for n in known[1][0]):
+            # The same quiet rules as the tick before, and none skipped then has a state now
+            # (one that was not skipped for its state stays evaluated: never wrong).
+            return known[1]
+        rules = self.playbooks.rules
+        skip = frozenset(
+            r.name
+            for r in rules
+            if r.name in quiet
+            and r.every is None
+            and r.spec.for_each != "event"
+            and not states.get(r.name)
+        )
+        needed = {r.spec.for_each for r in rules if r.when.series and r.name not in skip}
+        found = skip, frozenset(k for k in self._history_kinds if k not in needed)
+        self._skipping = (quiet, found)
+        return found
 
     # -- history and environments -----------------------------------------------------------
 
@@ -366,6 +402,7 @@ class Engine:
 
 
 _HOST = ("host",)
+_NONE: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
 
 
 def _history_kinds(playbooks: PlaybookSet) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -91,9 +92,14 @@ class Track:
         self.base = times[0] if times else self.base
         self.start = 0
         self.times, self.values = [], []
-        self.sx, self.sv, self.sxx, self.sxv = [0.0], [0.0], [0.0], [0.0]
-        for t, value in zip(times, values, strict=True):
-            self.append(t, value)
+        base = self.base
+        xs = [t - base for t in times]
+        # The sums ``append`` would write, one by one, in the same order (the same floats).
+        self.times, self.values = times, values
+        self.sx = list(accumulate(xs, initial=0.0))
+        self.sv = list(accumulate(values, initial=0.0))
+        self.sxx = list(accumulate([x * x for x in xs], initial=0.0))
+        self.sxv = list(accumulate([x * v for x, v in zip(xs, values, strict=True)], initial=0.0))
 
     def span(self, now: float, window: float) -> tuple[int, int]:
         """Indexes [i, j) of the samples with ``now - window <= time <= now``."""
@@ -232,6 +238,10 @@ class History:
                 track.sxx.append(track.sxx[-1] + x * x)
                 track.sxv.append(track.sxv[-1] + x * v)
             track.trim(oldest, max_samples)
+
+    def track(self, scope_key: Hashable, sid: int) -> Track | None:
+        """The samples of series ``sid`` kept for ``scope_key`` (read only)."""
+        return self._values.get(scope_key, {}).get(sid)
 
     def need_window(self, sid: int, window: float) -> None:
         """Keep at least ``window`` seconds of series ``sid`` from now on."""

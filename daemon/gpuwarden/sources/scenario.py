@@ -598,13 +598,35 @@ class ScenarioSource:
             source=self.name,
         )
 
+    def stretch(self, now: float) -> tuple[int, bool] | None:
+        """Which stretch of playback ``now`` falls in, for a drill that decides rules for a
+        stretch at once (engine/quiet.py): snapshots at instants with the same stretch show
+        the same GPUs and processes (unless a drill makes a job vanish), and each of their
+        numeric fields moves one way or stays put from instant to instant, so it lies between
+        its values at the first and the last of them; everything else does not change. The
+        stretch is the keyframe segment, less its first instant where it ramps (a job ramping
+        in is not there yet). None where nothing is promised: at that first instant, and in a
+        scenario with stand-ins or attached processes (they can exit at any time)."""
+        if self.standins or self.attached:
+            return None
+        offset = max(0.0, now - self.start_time)
+        frames = self.scenario.timeline
+        index, ramps = self._segment_key_at(offset)
+        if ramps and offset <= frames[index].at:
+            return None
+        return index, ramps
+
+    def _segment_key_at(self, offset: float) -> tuple[int, bool]:
+        frames = self.scenario.timeline
+        index = max(0, bisect.bisect_right(self._times, offset) - 1)  # the last one due
+        ramps = index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at
+        return index, ramps
+
     def _segment_at(self, offset: float) -> tuple[list[_GpuPlay], float]:
         """The playback plans of the keyframe segment ``offset`` falls in, and how far into
         its ramp it is (0 where it does not ramp)."""
         frames = self.scenario.timeline
-        index = max(0, bisect.bisect_right(self._times, offset) - 1)  # the last one due
-        ramps = index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at
-        key = (index, ramps)
+        key = index, ramps = self._segment_key_at(offset)
         if self._segment_key != key:
             self._segment_key = key
             self._segment = self._plan(index, ramps)
