@@ -21,10 +21,10 @@ The file format is in ``journal.schema``, what is written (and redacted) in
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import uuid
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable
 
 from gpuwarden.errors import UsageError
 from gpuwarden.journal.control import ControlStore
@@ -63,10 +63,7 @@ from gpuwarden.journal.samples import (
 )
 from gpuwarden.journal.samples import prune as prune_samples
 from gpuwarden.journal.schema import (
-    MIGRATIONS,
-    Access,
     JournalError,
-    Migration,
 )
 from gpuwarden.journal.store import StoreFile
 from gpuwarden.model import Intent, Outcome, RuleChange
@@ -100,16 +97,10 @@ class Journal(StoreFile, ControlStore):
 
     integrity_on_open = True
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        timeout: float = 5.0,
-        migrations: Sequence[Migration] = MIGRATIONS,
-        access: Access = Access.OWN,
-    ) -> None:
-        super().__init__(path, timeout=timeout, migrations=migrations, access=access)
-        self.run = uuid.uuid4().hex  # tells this opening's intents from an earlier run's
+    @functools.cached_property
+    def run(self) -> str:
+        """Tells this opening's intents from an earlier run's (one value per opening)."""
+        return uuid.uuid4().hex
 
     # -- what happens -----------------------------------------------------------------------
 
