@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -61,7 +62,34 @@ def test_drill_with_notify_delivers_marked_messages(tmp_path: Path, receiver: Js
     assert titles, "nothing was delivered"
     assert all(t.startswith("[DRILL]") for t in titles)
     assert any("GPU memory pressure" in t or "gpu-memory-pressure" in t for t in titles)
-    assert "[DRILL] message(s) delivered" in result.stdout
+    delivered = re.search(
+        r"notifications: (\d+) of (\d+) \[DRILL\] message\(s\) delivered", result.stdout
+    )
+    assert delivered is not None, result.stdout
+    assert int(delivered[1]) == int(delivered[2]) == len(titles)
+
+
+def test_a_drill_to_a_dead_target_says_nothing_was_delivered(
+    tmp_path: Path, receiver: JsonReceiver
+) -> None:
+    dead_port = receiver.port
+    receiver.stop()
+    result = gpuwarden(
+        tmp_path,
+        f"json://127.0.0.1:{dead_port}/drill",
+        "drill",
+        "scenarios/memory-pressure-low-priority.yaml",
+        "--playbooks",
+        "playbooks/memory-pressure.yaml",
+        "--notify",
+    )
+    assert result.returncode == 0, result.stderr
+    delivered = re.search(
+        r"notifications: (\d+) of (\d+) \[DRILL\] message\(s\) delivered", result.stdout
+    )
+    assert delivered is not None, result.stdout
+    assert delivered[1] == "0"  # tried, not delivered: they wait in the drill's outbox
+    assert int(delivered[2]) > 0
 
 
 def test_a_real_run_tells_the_oncall_and_the_token_stays_secret(

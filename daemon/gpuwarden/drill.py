@@ -435,7 +435,11 @@ class _Messages:
         held = [(at, m) for at, m in self.notifier.drain(now) if m.kind != "owner"]
         held += [(now, m) for m in self.told.alerts.due(now)]
         self.told.queued += sum(1 for at, m in held if self.told.outbox.put(m, at))
-        return (self.told.deliver_now() if send else 0), self.told.queued
+        if not send:
+            return 0, self.told.queued
+        self.told.deliver_now()
+        # What arrived, not what was tried: a target that is down keeps its messages queued.
+        return self.told.outbox.counts()["sent"], self.told.queued
 
     def close(self) -> None:
         if self.told is not None:
