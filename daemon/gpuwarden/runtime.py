@@ -99,10 +99,9 @@ class Runtime:
         self._next: dict[str, tuple[object, float]] = {}
         self._source_lock = threading.Lock()
         # Between ticks (docs/operations.md, "Between ticks"): the fast readings' watch, and
-        # when each pending rule's `for` and each open incident's next `after` is reached
-        # (wall-clock), so that the loop ticks then rather than up to a tick later.
+        # when the open incidents' next `after` is reached (wall-clock; a pending rule's `for`
+        # the engine tells), so that the loop ticks then rather than up to a tick later.
         self.fast = FastWatch(playbooks, config.tz)
-        self._due: dict[tuple[str, str], float] = {}
         self._step_due: float | None = None
         self._last_now = -math.inf  # the last tick's `now`: dues at or before it are spent
         self._fast_failed = False
@@ -236,7 +235,7 @@ class Runtime:
                 rule = self.engine.playbooks.rule(record.rule)
                 if self.metrics is not None and rule is not None:
                     self.metrics.observe_incident(record.rule, rule.spec.severity)
-        self._note_due(written, now)
+        self._last_now = now
         self.fast.seen(snapshot, now)
         self.samples.observe(snapshot, now, self.engine.incidents)
         if self.samples.due(now):
@@ -250,30 +249,12 @@ class Runtime:
             self._observe(snapshot, time.perf_counter() - began)
         return result
 
-    def _note_due(self, records: list[Any], now: float) -> None:
-        """When each rule that went pending reaches its `for` (a tick is due then)."""
-        self._last_now = now
-        for record in records:
-            if not isinstance(record, RuleChange):
-                continue
-            key = (record.rule, record.scope)
-            if record.kind == Transition.PENDING:
-                rule = self.engine.playbooks.rule(record.rule)
-                if rule is not None and rule.spec.for_ > 0:
-                    self._due[key] = record.time + rule.spec.for_
-            elif record.kind in (Transition.CANCELLED, Transition.FIRING, Transition.RESOLVED):
-                self._due.pop(key, None)
-        if len(self._due) > 64:  # pending states the engine forgot (a reload, a lost scope)
-            self._due = {k: t for k, t in self._due.items() if t > now}
-
     def next_due(self) -> float | None:
         """The earliest time after the last tick at which a pending rule's `for` or an open
         incident's next step's `after` is reached (wall-clock); None: nothing due."""
         after = self._last_now
-        times = [t for t in self._due.values() if t > after]
-        if self._step_due is not None and self._step_due > after:
-            times.append(self._step_due)
-        return min(times, default=None)
+        times = [t for t in (self.engine.pending_due(), self._step_due) if t is not None]
+        return min((t for t in times if t > after), default=None)
 
     def _rule_facts(self, incident: str, rule: str) -> RuleFacts | None:
         """The rule of an incident that just opened, for the journal (reports draw it)."""

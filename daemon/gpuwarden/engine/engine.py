@@ -176,6 +176,20 @@ class Engine:
         """How many scopes each rule has pending and firing (for metrics)."""
         return self._lifecycle.phase_counts()
 
+    def pending_due(self) -> float | None:
+        """The earliest time a pending scope's ``for`` is reached (the tick at or after it
+        fires it); None when nothing is pending."""
+        due: float | None = None
+        for name, states in self._lifecycle.states.items():
+            rule = self.playbooks.rule(name)
+            if rule is None or rule.spec.for_ <= 0:
+                continue
+            for state in states.values():
+                if state.phase == "pending":
+                    at = state.since + rule.spec.for_
+                    due = at if due is None else min(due, at)
+        return due
+
     @property
     def incidents(self) -> list[Incident]:
         return self._lifecycle.open_incidents()
