@@ -53,8 +53,8 @@ from gpuwarden.engine.scopes import (
     scope_sets,
 )
 from gpuwarden.model import Hold, Intent, NextStep, Outcome, RuleChange, Silence, Snapshot
-from gpuwarden.playbook.expr import Shared, shared
-from gpuwarden.playbook.fields import tick_env
+from gpuwarden.playbook.expr import Shared
+from gpuwarden.playbook.fields import TickEnvs, tick_env
 from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
 from gpuwarden.timewindow import Schedule
 
@@ -90,6 +90,7 @@ class Engine:
         # environment, one at a time (what tests compare the fast path with).
         self._reference = reference
         self._process_keys = ProcessKeys()
+        self._tick_envs = TickEnvs()
         self._history_kinds = _history_kinds(playbooks)
         # The last tick's quiet rules and what _skipped made of them.
         self._skipping: tuple[Collection[str], tuple[frozenset[str], frozenset[str]]] | None = None
@@ -263,15 +264,18 @@ class Engine:
         loses records: tests compare this with ``Engine(reference=True)``, which ignores it."""
         records: Records = []
         changes = intents = records  # one ordered list; the names say what goes in
-        gpus = {g.index: g for g in snapshot.gpus}
-        base = tick_env(snapshot, now, self.tz)
-        base.update(gpu=None, process=None, event=None, _snapshot=snapshot, _gpus=gpus)
-        self._envs = {}
         if self._reference:
+            gpus = {g.index: g for g in snapshot.gpus}
+            base = tick_env(snapshot, now, self.tz)
             sets = {kind: ScopeSet.of(kind, make(snapshot)) for kind, make in SCOPES.items()}
         else:
-            sets = scope_sets(snapshot, self._process_keys)
-        common = shared(base)
+            base = self._tick_envs(snapshot, now, self.tz)
+            sets, gpus = scope_sets(snapshot, self._process_keys)
+        base["gpu"] = base["process"] = base["event"] = None
+        base["_snapshot"] = snapshot
+        base["_gpus"] = gpus
+        self._envs = {}
+        common: Shared = (base["host"], base["time"], now, base["_gpu_procs"])  # shared(base)
         self._record_history(sets, base, common, now)
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
@@ -358,8 +362,8 @@ class Engine:
     ) -> None:
         if not self.playbooks.series:
             return
-        seen: set[str] = set()
         history = self.history
+        seen: set[str] = set()
         for series in self.playbooks.series:
             scopes = sets[series.root]
             if self._reference:

@@ -216,28 +216,44 @@ class History:
             if tracks is None:
                 tracks = self._scope_values(key)
             track = tracks.get(sid)
-            value = None if isinstance(sampled, bool) else sampled
+            value = None if sampled is None or sampled is True or sampled is False else sampled
             if track is None:
                 if value is None:
                     continue
                 track = tracks[sid] = Track(now)
             times = track.times
-            last = times[-1] if len(times) > track.start else None
-            if last is not None and last > now:
-                track = tracks[sid] = Track(now)  # the clock went back (a new drill)
-            if value is not None:
-                if last == now:
+            start = track.start
+            if len(times) > start:
+                last = times[-1]
+                if last > now:
+                    track = tracks[sid] = Track(now)  # the clock went back (a new drill)
+                    times, start = track.times, 0
+                elif last == now and value is not None:
                     track.pop()  # recorded twice in one tick: the last value wins
+                    start = track.start
+            if value is not None:
                 # Track.append, written out
                 x = now - track.base
                 v = float(value)
-                track.times.append(now)
+                times.append(now)
                 track.values.append(v)
-                track.sx.append(track.sx[-1] + x)
-                track.sv.append(track.sv[-1] + v)
-                track.sxx.append(track.sxx[-1] + x * x)
-                track.sxv.append(track.sxv[-1] + x * v)
-            track.trim(oldest, max_samples)
+                sums = track.sx
+                sums.append(sums[-1] + x)
+                sums = track.sv
+                sums.append(sums[-1] + v)
+                sums = track.sxx
+                sums.append(sums[-1] + x * x)
+                sums = track.sxv
+                sums.append(sums[-1] + x * v)
+            # Track.trim, written out: at 1 Hz one sample (or none) drops out each tick.
+            n = len(times)
+            if oldest is not None and start < n and times[start] < oldest:
+                start = bisect_left(times, oldest, start + 1)
+            if n - max_samples > start:
+                start = n - max_samples
+            track.start = start
+            if start > _COMPACT_AFTER and 2 * start > n:
+                track._compact()
 
     def track(self, scope_key: Hashable, sid: int) -> Track | None:
         """The samples of series ``sid`` kept for ``scope_key`` (read only)."""
@@ -306,7 +322,12 @@ class History:
 
     def forget_except(self, scope_keys_seen: Collection[Hashable]) -> None:
         """Drop the history of every scope not in ``scope_keys_seen``."""
-        self.forget([k for k in self.scope_keys() if k not in scope_keys_seen])
+        seen = scope_keys_seen
+        if not isinstance(seen, set | frozenset):
+            seen = set(seen)
+        if seen.issuperset(self._values) and seen.issuperset(self._since):
+            return  # the common case: every scope is still there
+        self.forget([k for k in self.scope_keys() if k not in seen])
 
 
 class ScopeHistory:

@@ -164,14 +164,17 @@ class ProcessKeys:
         return out
 
 
-def scope_sets(snapshot: Snapshot, process_keys: ProcessKeys) -> dict[str, ScopeSet]:
-    """Every kind's ``ScopeSet`` of ``snapshot`` (rows without history: see ``with_history``)."""
+def scope_sets(
+    snapshot: Snapshot, process_keys: ProcessKeys
+) -> tuple[dict[str, ScopeSet], dict[int, GpuState]]:
+    """Every kind's ``ScopeSet`` of ``snapshot`` (rows without history: see
+    ``Engine._add_history``), and the snapshot's GPUs by index."""
     gpus = snapshot.gpus
     by_index = {g.index: g for g in gpus}
     procs = snapshot.processes
     events = snapshot.events
     get = by_index.get
-    return {
+    sets = {
         "gpu": ScopeSet(
             "gpu",
             [(g, None, None, None) for g in gpus],
@@ -190,5 +193,12 @@ def scope_sets(snapshot: Snapshot, process_keys: ProcessKeys) -> dict[str, Scope
             [(None if e.gpu is None else get(e.gpu), None, e, None) for e in events],
             [event_key(e) for e in events],
             lambda i: "host" if events[i].gpu is None else f"GPU {events[i].gpu}",
-        ),
+        )
+        if events
+        else ScopeSet("event", [], [], _no_label),
     }
+    return sets, by_index
+
+
+def _no_label(i: int) -> str:
+    raise IndexError(i)

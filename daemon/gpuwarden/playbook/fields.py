@@ -27,6 +27,7 @@ from gpuwarden.model import THROTTLE_REASONS, EventKind
 from gpuwarden.playbook.views import (
     WEEKDAYS,
     HostView,
+    TickEnvs,
     TimeView,
     gpu_process_counts,
     host_view,
@@ -41,6 +42,7 @@ __all__ = [
     "Field",
     "Function",
     "HostView",
+    "TickEnvs",
     "TimeView",
     "gpu_process_counts",
     "helper_globals",

@@ -1,15 +1,17 @@
 """What ``host.*`` and ``time.*`` read, and the environment shared by every scope of a tick.
 
-Pure functions of a snapshot, a time and a time zone (see ``fields`` for the environment).
+Pure functions of a snapshot, a time and a time zone (see ``fields`` for the environment);
+``TickEnvs`` gives the same environments tick after tick for less (see there).
 """
 
 from __future__ import annotations
 
 import datetime
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwarden.model import Snapshot
+from gpuwarden.model import GpuProcess, GpuState, Snapshot
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
@@ -93,3 +95,111 @@ def tick_env(snapshot: Snapshot, now: float, tz: datetime.tzinfo) -> dict[str, o
         "_now": now,
         "_gpu_procs": gpu_process_counts(snapshot),
     }
+
+
+class TickEnvs:
+    """``tick_env`` for one caller's ticks, one after another, with what does not change
+    from tick to tick kept (the engine's fast path; ``tick_env`` is the plain form, which
+    ``Engine(reference=True)`` uses and the tests compare this with):
+
+    - ``time``: the fields other than ``epoch`` are those of the last tick while the time
+      is in the span of one local minute where they were seen to be the same (see
+      ``_minute``), for the same time zone object;
+    - ``host`` and the process counts per GPU: reused while the snapshot's GPU and process
+      tuples are the very objects of the tick before (and the host name the same).
+    """
+
+    __slots__ = ("_counts", "_host", "_minute", "_procs", "_span")
+
+    def __init__(self) -> None:
+        # (tz, first, last epoch): every epoch in [first, last] has the fields in _minute
+        self._span: tuple[datetime.tzinfo, float, float] | None = None
+        self._minute: tuple[int, int, int, int, int, int, str, bool] = (0, 0, 0, 0, 0, 0, "", False)
+        self._host: tuple[str, Sequence[GpuState], Sequence[GpuProcess], HostView] | None = None
+        self._procs: tuple[Sequence[GpuProcess], dict[int, int]] | None = None
+
+    def __call__(self, snapshot: Snapshot, now: float, tz: datetime.tzinfo) -> dict[str, object]:
+        gpus, procs = snapshot.gpus, snapshot.processes
+        known = self._host
+        if (
+            known is not None
+            and known[1] is gpus
+            and known[2] is procs
+            and known[0] == snapshot.host
+        ):
+            host = known[3]
+        else:
+            host = _host_view(snapshot.host, gpus, procs)
+            self._host = (snapshot.host, gpus, procs, host)
+        counted = self._procs
+        if counted is not None and counted[0] is procs:
+            counts = counted[1]
+        else:
+            counts = {}
+            for p in procs:  # gpu_process_counts, in its order
+                counts[p.gpu] = counts.get(p.gpu, 0) + 1
+            self._procs = (procs, counts)
+        span = self._span
+        if span is None or span[0] is not tz or not span[1] <= now <= span[2]:
+            self._minute_of(now, tz)
+        return {
+            "host": host,
+            "time": TimeView(now, *self._minute),
+            "_now": now,
+            "_gpu_procs": counts,
+        }
+
+    def _minute_of(self, epoch: float, tz: datetime.tzinfo) -> None:
+        """Learn the fields of ``epoch`` and a span around it where they are the same: to
+        the end of its local minute, when the zone's offset there is the same as at
+        ``epoch`` (an offset changes at most once in a minute, so in between the local time
+        moves forward with the epoch and stays in that minute); else ``epoch`` alone."""
+        moment = datetime.datetime.fromtimestamp(epoch, tz)
+        self._minute = minute = _fields(moment)
+        last = epoch + (59 - moment.second)  # the same fraction of a second, in the minute
+        try:
+            later = datetime.datetime.fromtimestamp(last, tz)
+        except (OverflowError, ValueError, OSError):  # past the end of time
+            last = epoch
+        else:
+            if _fields(later) != minute or later.utcoffset() != moment.utcoffset():
+                last = epoch
+        self._span = (tz, epoch, last)
+
+
+def _fields(moment: datetime.datetime) -> tuple[int, int, int, int, int, int, str, bool]:
+    """What ``time_view`` takes from ``moment``, after ``epoch``, in field order."""
+    weekday = moment.isoweekday()
+    return (
+        moment.year,
+        moment.month,
+        moment.day,
+        moment.hour,
+        moment.minute,
+        weekday,
+        WEEKDAYS[weekday - 1],
+        weekday >= 6,
+    )
+
+
+def _host_view(name: str, gpus: Sequence[GpuState], procs: Sequence[GpuProcess]) -> HostView:
+    """``host_view``, in one pass over the GPUs."""
+    used = total = reporting = lost = 0
+    for gpu in gpus:
+        memory = gpu.memory
+        gpu_used, gpu_total = memory.used_mib, memory.total_mib
+        if gpu_used is not None and gpu_total is not None:
+            used += gpu_used
+            total += gpu_total
+            reporting += 1
+        if gpu.lost:
+            lost += 1
+    return HostView(
+        name,
+        len(gpus),
+        lost,
+        used if reporting else None,
+        total if reporting else None,
+        100.0 * used / total if reporting and total > 0 else None,
+        len({p.pid for p in procs}),
+    )
