@@ -92,8 +92,12 @@ class Engine:
         self._process_keys = ProcessKeys()
         self._tick_envs = TickEnvs()
         self._history_kinds = _history_kinds(playbooks)
-        # The last tick's quiet rules and what _skipped made of them.
-        self._skipping: tuple[Collection[str], tuple[frozenset[str], frozenset[str]]] | None = None
+        self._kinds = _kinds(playbooks)
+        # The last tick's quiet rules, those skipped of them, and the plan made (see _plan).
+        self._skipping: (
+            tuple[Collection[str], frozenset[str], tuple[tuple[CompiledRule, ...], tuple[str, ...]]]
+            | None
+        ) = None
 
     @property
     def planner(self) -> Planner:
@@ -147,6 +151,7 @@ class Engine:
         self._ladder.planner = Planner(ProtectedMatcher(config.protected, self_pid=self._self_pid))
         self.history = History()
         self._history_kinds = _history_kinds(playbooks)
+        self._kinds = _kinds(playbooks)
         self._skipping = None
         self._last_run = {k: v for k, v in self._last_run.items() if k in names}
         return closed
@@ -270,7 +275,7 @@ class Engine:
             sets = {kind: ScopeSet.of(kind, make(snapshot)) for kind, make in SCOPES.items()}
         else:
             base = self._tick_envs(snapshot, now, self.tz)
-            sets, gpus = scope_sets(snapshot, self._process_keys)
+            sets, gpus = scope_sets(snapshot, self._process_keys, self._kinds)
         base["gpu"] = base["process"] = base["event"] = None
         base["_snapshot"] = snapshot
         base["_gpus"] = gpus
@@ -280,14 +285,11 @@ class Engine:
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
         lifecycle = self._lifecycle
-        skipped = self._skipped(quiet) if quiet and not self._reference else _NONE
+        rules, history_kinds = self._plan(_EMPTY if self._reference or not quiet else quiet)
         if not self._reference:
-            for kind in self._history_kinds:
-                if kind not in skipped[1]:
-                    self._add_history(sets[kind], now)
-        for rule in self.playbooks.rules:
-            if rule.name in skipped[0]:
-                continue
+            for kind in history_kinds:
+                self._add_history(sets[kind], now)
+        for rule in rules:
             scopes = sets[rule.spec.for_each]
             if rule.every is not None:
                 # Counted from when the engine first saw the rule: a daemon started on
@@ -318,15 +320,16 @@ class Engine:
             )
         return Tick(tuple(records))
 
-    def _skipped(self, quiet: Collection[str]) -> tuple[frozenset[str], frozenset[str]]:
-        """Of ``quiet``, the rules this tick skips (see ``step``), and the kinds whose rows
-        then need no history views (no rule evaluated over them reads history)."""
+    def _plan(self, quiet: Collection[str]) -> tuple[tuple[CompiledRule, ...], tuple[str, ...]]:
+        """The rules this tick evaluates (of ``quiet``, those ``step`` skips are left out),
+        and the kinds whose rows need history views (some rule evaluated over them reads
+        history)."""
         states = self._lifecycle.states
         known = self._skipping
-        if known is not None and known[0] is quiet and not any(states.get(n) for n in known[1][0]):
+        if known is not None and known[0] is quiet and not any(map(states.get, known[1])):
             # The same quiet rules as the tick before, and none skipped then has a state now
             # (one that was not skipped for its state stays evaluated: never wrong).
-            return known[1]
+            return known[2]
         rules = self.playbooks.rules
         skip = frozenset(
             r.name
@@ -336,10 +339,11 @@ class Engine:
             and r.spec.for_each != "event"
             and not states.get(r.name)
         )
-        needed = {r.spec.for_each for r in rules if r.when.series and r.name not in skip}
-        found = skip, frozenset(k for k in self._history_kinds if k not in needed)
-        self._skipping = (quiet, found)
-        return found
+        run = tuple(r for r in rules if r.name not in skip)
+        needed = {r.spec.for_each for r in run if r.when.series}
+        plan = run, tuple(k for k in self._history_kinds if k in needed)
+        self._skipping = (quiet, skip, plan)
+        return plan
 
     # -- history and environments -----------------------------------------------------------
 
@@ -348,7 +352,12 @@ class Engine:
         every = rule.every
         assert every is not None
         known = self._next_runs.get(rule.name)
-        if known is None or known[0] != last or known[1] is not self.tz or known[2] != every:
+        if (
+            known is None
+            or known[0] != last
+            or known[1] is not self.tz
+            or (known[2] is not every and known[2] != every)
+        ):
             known = self._next_runs[rule.name] = (
                 last,
                 self.tz,
@@ -371,7 +380,7 @@ class Engine:
                     scope = scopes.scope(i)
                     history.observe(scope.key, series, self._fresh_env(base, scope), now)
             else:
-                values = series.sample_rows(scopes.rows, base, common)
+                values = series.sample_raw(scopes.rows, base, common)
                 history.record_many(scopes.keys, series, values, now)
             seen.update(scopes.keys)
         history.forget_except(seen)
@@ -420,9 +429,14 @@ class Engine:
 
 
 _HOST = ("host",)
-_NONE: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+_EMPTY: frozenset[str] = frozenset()  # no rule is quiet (one object: see _plan)
 
 
 def _history_kinds(playbooks: PlaybookSet) -> tuple[str, ...]:
     """The scope kinds whose rows need history views: some rule's ``when`` there reads it."""
     return tuple(dict.fromkeys(r.spec.for_each for r in playbooks.rules if r.when.series))
+
+
+def _kinds(playbooks: PlaybookSet) -> frozenset[str]:
+    """The scope kinds a tick needs: those of the rules and the roots of the series."""
+    return frozenset(r.spec.for_each for r in playbooks.rules) | {s.root for s in playbooks.series}

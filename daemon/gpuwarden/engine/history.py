@@ -37,6 +37,13 @@ def _sid(series: Series | int) -> int:
     return series if isinstance(series, int) else series.id
 
 
+def _number(value: object) -> float | None:
+    """``value`` as a value series records it: a number, or None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
 class Track:
     """The samples of one series in one scope: times and values from ``start`` on are live.
 
@@ -187,11 +194,13 @@ class History:
         self,
         scope_keys: Sequence[Hashable],
         series: Series,
-        values: Sequence[float | bool | None],
+        values: Sequence[object],
         now: float,
     ) -> None:
-        """``series`` sampled in many scopes (``Series.sample_rows``): as ``observe`` in each
-        (``record_held`` or ``record``, written out here: this runs every tick)."""
+        """``series`` sampled in many scopes (``Series.sample_rows``, or ``sample_raw``: a
+        value that is not a number counts as unknown, one that is not True as false): as
+        ``observe`` in each (``record_held`` or ``record``, written out here: this runs every
+        tick)."""
         sid = series.id
         if series.kind == "held":
             since_of = self._since
@@ -216,7 +225,7 @@ class History:
             if tracks is None:
                 tracks = self._scope_values(key)
             track = tracks.get(sid)
-            value = None if sampled is None or sampled is True or sampled is False else sampled
+            value = sampled if sampled.__class__ is float else _number(sampled)
             if track is None:
                 if value is None:
                     continue
@@ -249,7 +258,7 @@ class History:
             n = len(times)
             if oldest is not None and start < n and times[start] < oldest:
                 start = bisect_left(times, oldest, start + 1)
-            if n - max_samples > start:
+            if n - max_samples > start:  # noqa: PLR1730 - max() costs a call per sample
                 start = n - max_samples
             track.start = start
             if start > _COMPACT_AFTER and 2 * start > n:

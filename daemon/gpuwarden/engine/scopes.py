@@ -11,7 +11,7 @@ or has a state for. ``SCOPES`` (one ``Scope`` per scope, every tick) is the plai
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.model import Event, GpuProcess, GpuState, Snapshot
@@ -84,6 +84,7 @@ SCOPES = {
     "host": host_scopes,
     "event": event_scopes,
 }
+SCOPE_KINDS = frozenset(SCOPES)
 
 
 # -- one tick's scopes, kind by kind --------------------------------------------------------
@@ -165,40 +166,39 @@ class ProcessKeys:
 
 
 def scope_sets(
-    snapshot: Snapshot, process_keys: ProcessKeys
+    snapshot: Snapshot, process_keys: ProcessKeys, kinds: Collection[str] = SCOPE_KINDS
 ) -> tuple[dict[str, ScopeSet], dict[int, GpuState]]:
-    """Every kind's ``ScopeSet`` of ``snapshot`` (rows without history: see
+    """The ``ScopeSet`` of ``snapshot`` of each of ``kinds`` (rows without history: see
     ``Engine._add_history``), and the snapshot's GPUs by index."""
     gpus = snapshot.gpus
     by_index = {g.index: g for g in gpus}
-    procs = snapshot.processes
-    events = snapshot.events
     get = by_index.get
-    sets = {
-        "gpu": ScopeSet(
+    sets: dict[str, ScopeSet] = {}
+    if "gpu" in kinds:
+        sets["gpu"] = ScopeSet(
             "gpu",
             [(g, None, None, None) for g in gpus],
             [gpu_key(g.index) for g in gpus],
             lambda i: f"GPU {gpus[i].index}",
-        ),
-        "process": ScopeSet(
+        )
+    if "process" in kinds:
+        procs = snapshot.processes
+        sets["process"] = ScopeSet(
             "process",
             [(get(p.gpu), p, None, None) for p in procs],
             process_keys(procs),
             lambda i: f"pid {procs[i].pid} on GPU {procs[i].gpu}",
-        ),
-        "host": ScopeSet("host", [(None, None, None, None)], ["host"], lambda i: snapshot.host),
-        "event": ScopeSet(
+        )
+    if "host" in kinds:
+        sets["host"] = ScopeSet(
+            "host", [(None, None, None, None)], ["host"], lambda i: snapshot.host
+        )
+    if "event" in kinds:
+        events = snapshot.events
+        sets["event"] = ScopeSet(
             "event",
             [(None if e.gpu is None else get(e.gpu), None, e, None) for e in events],
             [event_key(e) for e in events],
             lambda i: "host" if events[i].gpu is None else f"GPU {events[i].gpu}",
         )
-        if events
-        else ScopeSet("event", [], [], _no_label),
-    }
     return sets, by_index
-
-
-def _no_label(i: int) -> str:
-    raise IndexError(i)

@@ -66,7 +66,17 @@ from gpuwarden.playbook.expr_rewrite import Translator
 from gpuwarden.playbook.expr_text import ExprError, prepare
 from gpuwarden.playbook.fields import ROOTS, helper_globals
 
-__all__ = ["Compiled", "Compiler", "ExprError", "HistoryView", "Row", "Series", "Shared", "shared"]
+__all__ = [
+    "Compiled",
+    "Compiler",
+    "ExprError",
+    "HistoryView",
+    "Row",
+    "Series",
+    "Shared",
+    "number",
+    "shared",
+]
 
 # What evaluation turns into "unknown" rather than raising. A NameError (a root the engine
 # did not put in the environment) is a bug in the caller and is not caught.
@@ -99,6 +109,13 @@ def shared(env: Mapping[str, object]) -> Shared:
     now = env["_now"]
     assert isinstance(now, float | int)
     return env["host"], env["time"], now, env["_gpu_procs"]
+
+
+def number(value: object) -> float | int | None:
+    """``value`` when it is a number (not a bool), else None: what a value series records."""
+    if isinstance(value, bool) or not isinstance(value, _NUMBERS):
+        return None
+    return value
 
 
 def _row_env(env: Mapping[str, object], row: Row) -> dict[str, object]:
@@ -134,28 +151,33 @@ class Series:
     ) -> list[float | bool | None]:
         """``sample`` in every row's scope (``env``: the tick's shared environment;
         ``common``: ``shared(env)``, when the caller has it already)."""
+        raw = self.sample_raw(rows, env, common)
+        if self.kind == "held":
+            return [value is True for value in raw]
+        return [number(value) for value in raw]
+
+    def sample_raw(
+        self, rows: Sequence[Row], env: Mapping[str, object], common: Shared | None = None
+    ) -> list[object]:
+        """What the series' expression gives in every row's scope, as it is (None where it
+        raised): ``sample_rows`` before a held series' is made true/false and a value
+        series' non-numbers None (``number``), for a caller that does that itself."""
         if not self._batch and self.tree is not None:
             self._batch.append(values_function(self.tree, batch_globals(self.helpers)))
         fn = self._batch[0] if self._batch else None
-        raw: list[object]
         if fn is None:
             return [self.sample(_row_env(env, row)) for row in rows]
         args = shared(env) if common is None else common
         try:
-            raw = fn(rows, *args)
+            return fn(rows, *args)
         except _UNKNOWN_ON:
-            raw = []
+            raw: list[object] = []
             for row in rows:
                 try:
                     raw.append(fn((row,), *args)[0])
                 except _UNKNOWN_ON:
                     raw.append(None)
-        if self.kind == "held":
-            return [value is True for value in raw]
-        return [
-            None if isinstance(value, bool) or not isinstance(value, _NUMBERS) else value
-            for value in raw
-        ]
+            return raw
 
     def sample(self, env: dict[str, object]) -> float | bool | None:
         """This tick's value in a scope's environment: a number or None for "value", whether
