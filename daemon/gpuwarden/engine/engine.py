@@ -289,8 +289,16 @@ class Engine:
         if not self._reference:
             for kind in history_kinds:
                 self._add_history(sets[kind], now)
+        states = lifecycle.states
         for rule in rules:
             scopes = sets[rule.spec.for_each]
+            if (
+                not scopes.rows
+                and rule.every is None
+                and not self._reference
+                and not states.get(rule.name)
+            ):
+                continue  # no scope (an event rule without events) and nothing going on
             if rule.every is not None:
                 # Counted from when the engine first saw the rule: a daemon started on
                 # Tuesday does not run last Monday's check, however long its ticks.

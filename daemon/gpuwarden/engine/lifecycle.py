@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 
 from gpuwarden.engine.incident import Incident, ScopeState, stamp
 from gpuwarden.engine.ladder import Env, Ladder, Records, ladder_done, silence_note
@@ -146,15 +146,30 @@ class Lifecycle:
                     continue
                 state = states[key] = ScopeState()
             present.add(key)
+            phase = state.phase
+            if phase == "firing":
+                state.label = scopes.label(i)
+                continue  # handled below with every open incident of the rule
+            if not holds and phase == "inactive" and not state.stood_down:
+                state.label = scopes.label(i)
+                continue  # _idle_or_pending would do nothing: no environment needed
             scope = scopes.scope(i)
             state.label = scope.label
-            if state.phase == "firing":
-                continue  # handled below with every open incident of the rule
             env = self._env_for(base, scope)
             self._idle_or_pending(rule, scope, state, holds, env, now, changes, intents)
         if not states:
             return
-        self.advance_open(rule, scopes, snapshot, base, now, changes, intents)
+        self.advance_open(
+            rule,
+            scopes,
+            snapshot,
+            base,
+            now,
+            changes,
+            intents,
+            # (with a key twice, the environment is the first one's: test it there)
+            held=held if not (every_scope or event) and scopes.unique else None,
+        )
         for key in list(states):
             state = states[key]
             if state.phase == "pending" and key not in present:
@@ -183,9 +198,13 @@ class Lifecycle:
         now: float,
         changes: Records,
         intents: Records,
+        *,
+        held: Container[int] | None = None,
     ) -> None:
         """Resolve or advance every open incident of ``rule`` (``scopes``: this tick's of the
-        rule's kind). (Called on its own for a scheduled rule between its runs.)"""
+        rule's kind). (Called on its own for a scheduled rule between its runs.) ``held``:
+        the positions in ``scopes`` where ``when`` holds this tick, when known (else it is
+        tested in each open incident's scope)."""
         states = self.states.get(rule.name)
         if not states:
             return
@@ -217,11 +236,14 @@ class Lifecycle:
                     values = read_values(rule.until_shows, env)
                     self._resolve(rule, state, now, Reason.UNTIL_MET, changes, values)
                     continue
-                holds = rule.when.test(env) if not rule.one_shot else True
+                if rule.one_shot:
+                    holds = True
+                else:
+                    holds = rule.when.test(env) if held is None else i in held
             elif rule.one_shot:
                 holds = True
             else:
-                holds = rule.when.test(env)
+                holds = rule.when.test(env) if held is None else i in held
                 if not holds:
                     values = read_values(rule.shows, env)
                     self._resolve(rule, state, now, Reason.RESOLVED, changes, values)

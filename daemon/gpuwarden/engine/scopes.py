@@ -128,6 +128,11 @@ class ScopeSet:
             self._index = {key: i for i, key in enumerate(self.keys)}
         return self._index
 
+    def label(self, i: int) -> str:
+        """``scope(i).label``, without making the ``Scope``."""
+        found = self._scopes.get(i)
+        return self._label(i) if found is None else found.label
+
     def scope(self, i: int) -> Scope:
         found = self._scopes.get(i)
         if found is None:
