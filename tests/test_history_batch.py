@@ -3,7 +3,8 @@
 keep: the same samples, the same running sums bit for bit, shifted down at the same samples,
 over runs long enough to trim and compact many times; with unknown values, values of the
 wrong type, scopes that come and go, the clock standing still or going back, and a bound on
-samples. (The engine property test runs too few ticks to reach a compaction.)"""
+samples, and samples recorded and scopes forgotten in between. (The engine property test
+runs too few ticks to reach a compaction.)"""
 
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ def _run(seed: int, max_samples: int, window: float) -> None:
             for _ in keys
         ]
         flags = [rng.random() < 0.8 for _ in keys]
+        if tick % 173 == 0:  # a sample recorded the other way first: the batch's replaces it
+            for history in (one, many):
+                history.record("gpu:0", value, 123.0, now)
+        if tick % 131 == 0:  # a scope forgotten, although it is back at once
+            for history in (one, many):
+                history.forget(["gpu:0"])
         for key, v, f in zip(keys, sampled, flags, strict=True):
             one.record(key, value, None if isinstance(v, bool) else v, now)
             one.record_held(key, held, f, now)

@@ -129,6 +129,9 @@ class History:
             tuple[tuple[Mapping[int, Track], ...], tuple[Mapping[int, float], ...]],
         ] = {}
         self._kept: dict[tuple[Hashable, tuple[Hashable, ...]], ScopeHistory] = {}  # views()
+        # Series id -> (scope keys, when, their tracks): what record_many recorded last, when
+        # every key has a track and none repeats; dropped when anything else may change them.
+        self._lanes: dict[int, tuple[list[Hashable], float, list[Track]]] = {}
 
     def _scope_values(self, scope_key: Hashable) -> dict[int, Track]:
         tracks = self._values.get(scope_key)
@@ -152,6 +155,7 @@ class History:
         sid = _sid(series)
         if not isinstance(series, int):
             self.need_window(sid, series.window)
+        self._lanes.pop(sid, None)  # a track of the series may change here
         tracks = self._scope_values(scope_key)
         track = tracks.get(sid)
         if track is None:
@@ -218,8 +222,13 @@ class History:
         self.need_window(sid, series.window)
         window = self._windows.get(sid)
         oldest = None if window is None else now - window
-        tracks_of = self._values
         max_samples = self.max_samples
+        lane = self._lanes.get(sid)
+        if lane is not None and lane[1] < now and lane[0] == scope_keys:
+            self._record_lane(lane[2], values, now, oldest)
+            self._lanes[sid] = (lane[0], now, lane[2])
+            return
+        tracks_of = self._values
         for key, sampled in zip(scope_keys, values, strict=True):
             tracks = tracks_of.get(key)
             if tracks is None:
@@ -256,6 +265,54 @@ class History:
                 sums.append(sums[-1] + x * v)
             # Track.trim, written out: at 1 Hz one sample (or none) drops out each tick.
             n = len(times)
+            if oldest is not None and start < n and times[start] < oldest:
+                start = bisect_left(times, oldest, start + 1)
+            if n - max_samples > start:  # noqa: PLR1730 - max() costs a call per sample
+                start = n - max_samples
+            track.start = start
+            if start > _COMPACT_AFTER and 2 * start > n:
+                track._compact()
+        self._lanes.pop(sid, None)
+        if len(set(scope_keys)) == len(scope_keys):
+            kept: list[Track] = []
+            for key in scope_keys:
+                found = tracks_of[key].get(sid)
+                if found is None:
+                    break
+                kept.append(found)
+            else:
+                self._lanes[sid] = (list(scope_keys), now, kept)
+
+    def _record_lane(
+        self, tracks: list[Track], values: Sequence[Any], now: float, oldest: float | None
+    ) -> None:
+        """``record_many`` for scopes whose tracks are known (the lane of the series: the
+        same keys as the last call, each with a track, none with a sample at or after
+        ``now``): the same appends and trims, with no look-ups and no checks of the clock."""
+        max_samples = self.max_samples
+        for track, sampled in zip(tracks, values, strict=True):
+            times = track.times
+            if sampled.__class__ is float:
+                v: float | None = sampled
+            else:
+                number = _number(sampled)
+                v = None if number is None else float(number)
+            if v is not None:
+                # Track.append, written out
+                x = now - track.base
+                times.append(now)
+                track.values.append(v)
+                sums = track.sx
+                sums.append(sums[-1] + x)
+                sums = track.sv
+                sums.append(sums[-1] + v)
+                sums = track.sxx
+                sums.append(sums[-1] + x * x)
+                sums = track.sxv
+                sums.append(sums[-1] + x * v)
+            # Track.trim, written out
+            n = len(times)
+            start = track.start
             if oldest is not None and start < n and times[start] < oldest:
                 start = bisect_left(times, oldest, start + 1)
             if n - max_samples > start:  # noqa: PLR1730 - max() costs a call per sample
@@ -318,6 +375,7 @@ class History:
         """A scope's series maps were added or dropped: views must look them up again."""
         self._maps.clear()
         self._kept.clear()
+        self._lanes.clear()
 
     def scope_keys(self) -> set[Hashable]:
         return set(self._values) | set(self._since)
