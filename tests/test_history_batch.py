@@ -9,6 +9,7 @@ runs too few ticks to reach a compaction.)"""
 from __future__ import annotations
 
 import random
+from itertools import accumulate
 
 import pytest
 
@@ -30,7 +31,16 @@ def _state(track: Track | None) -> object:
     running sums (bit for bit) and the compactions are the same."""
     if track is None:
         return None
+    track.sum_up()  # written when first read
     sums = (track.sx, track.sv, track.sxx, track.sxv)
+    # ... as appending each sample would have written them, one addition at a time
+    xs = [t - track.base for t in track.times]
+    assert sums == (
+        list(accumulate(xs, initial=0.0)),
+        list(accumulate(track.values, initial=0.0)),
+        list(accumulate([x * x for x in xs], initial=0.0)),
+        list(accumulate([x * v for x, v in zip(xs, track.values, strict=True)], initial=0.0)),
+    )
     return (track.base, track.start, track.times, track.values, sums)
 
 

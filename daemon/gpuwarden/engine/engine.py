@@ -304,7 +304,8 @@ class Engine:
                 # Tuesday does not run last Monday's check, however long its ticks.
                 last = self._last_run.setdefault(rule.name, now)
                 if not self._due(rule, last, now):
-                    lifecycle.advance_open(rule, scopes, snapshot, base, now, changes, intents)
+                    if states.get(rule.name):
+                        lifecycle.advance_open(rule, scopes, snapshot, base, now, changes, intents)
                     continue
                 self._last_run[rule.name] = latest_instant(rule.every, last, now, self.tz)
             if self._reference:  # every scope, a fresh environment each

@@ -49,8 +49,10 @@ class Track:
 
     ``sx``, ``sv``, ``sxx``, ``sxv`` are running sums (index k: over the first k samples) of
     x = time - ``base``, of the value, of x² and of x·value, so any window's sums are two
-    subtractions. Dropped samples are shifted out (and the sums rebuilt) once they are the
-    larger part, which keeps appends amortized O(1) and ``base`` close to the samples.
+    subtractions. They are written when first read (``sum_up``), most ticks read none: the
+    same additions in the same order as at each append, so the same floats. Dropped samples
+    are shifted out (and the sums rebuilt) once they are the larger part, which keeps appends
+    amortized O(1) and ``base`` close to the samples.
     """
 
     __slots__ = ("base", "start", "sv", "sx", "sxv", "sxx", "times", "values")
@@ -69,17 +71,27 @@ class Track:
         return len(self.times) - self.start
 
     def append(self, t: float, value: float) -> None:
-        x = t - self.base
         self.times.append(t)
         self.values.append(value)
-        self.sx.append(self.sx[-1] + x)
-        self.sv.append(self.sv[-1] + value)
-        self.sxx.append(self.sxx[-1] + x * x)
-        self.sxv.append(self.sxv[-1] + x * value)
+
+    def sum_up(self) -> None:
+        """Write the running sums of the samples appended since they were last read."""
+        sx, sv, sxx, sxv = self.sx, self.sv, self.sxx, self.sxv
+        times, values, base = self.times, self.values, self.base
+        for k in range(len(sx) - 1, len(times)):
+            x = times[k] - base
+            v = values[k]
+            sx.append(sx[-1] + x)
+            sv.append(sv[-1] + v)
+            sxx.append(sxx[-1] + x * x)
+            sxv.append(sxv[-1] + x * v)
 
     def pop(self) -> None:
-        for column in (self.times, self.values, self.sx, self.sv, self.sxx, self.sxv):
-            column.pop()
+        if len(self.sx) > len(self.times):  # the last sample's sums are written
+            for column in (self.sx, self.sv, self.sxx, self.sxv):
+                column.pop()
+        self.times.pop()
+        self.values.pop()
         self.start = min(self.start, len(self.times))
 
     def last_time(self) -> float | None:
@@ -250,19 +262,8 @@ class History:
                     track.pop()  # recorded twice in one tick: the last value wins
                     start = track.start
             if value is not None:
-                # Track.append, written out
-                x = now - track.base
-                v = float(value)
-                times.append(now)
-                track.values.append(v)
-                sums = track.sx
-                sums.append(sums[-1] + x)
-                sums = track.sv
-                sums.append(sums[-1] + v)
-                sums = track.sxx
-                sums.append(sums[-1] + x * x)
-                sums = track.sxv
-                sums.append(sums[-1] + x * v)
+                times.append(now)  # Track.append, written out
+                track.values.append(float(value))
             # Track.trim, written out: at 1 Hz one sample (or none) drops out each tick.
             n = len(times)
             if oldest is not None and start < n and times[start] < oldest:
@@ -298,18 +299,8 @@ class History:
                 number = _number(sampled)
                 v = None if number is None else float(number)
             if v is not None:
-                # Track.append, written out
-                x = now - track.base
-                times.append(now)
+                times.append(now)  # Track.append, written out
                 track.values.append(v)
-                sums = track.sx
-                sums.append(sums[-1] + x)
-                sums = track.sv
-                sums.append(sums[-1] + v)
-                sums = track.sxx
-                sums.append(sums[-1] + x * x)
-                sums = track.sxv
-                sums.append(sums[-1] + x * v)
             # Track.trim, written out
             n = len(times)
             start = track.start
@@ -433,6 +424,8 @@ class ScopeHistory:
         track, i, j = self._window(series, window)
         if track is None or j == i:
             return None
+        if len(track.sx) <= j:
+            track.sum_up()
         return (track.sv[j] - track.sv[i]) / (j - i)
 
     def min(self, series: int, window: float) -> float | None:
@@ -458,6 +451,8 @@ class ScopeHistory:
         n = j - i
         if track is None or n < 2:
             return None
+        if len(track.sx) <= j:
+            track.sum_up()
         sum_x = track.sx[j] - track.sx[i]
         sum_v = track.sv[j] - track.sv[i]
         mean_x, mean_v = sum_x / n, sum_v / n
