@@ -93,6 +93,9 @@ class Engine:
         self._tick_envs = TickEnvs()
         self._history_kinds = _history_kinds(playbooks)
         self._kinds = _kinds(playbooks)
+        self._series_roots = tuple(dict.fromkeys(s.root for s in playbooks.series))
+        # (history, its generation, the keys of each series root) after the last forget_except
+        self._recorded: tuple[History, int, list[list[str]]] | None = None
         # The last tick's quiet rules, those skipped of them, and the plan made (see _plan).
         self._skipping: (
             tuple[Collection[str], frozenset[str], tuple[tuple[CompiledRule, ...], tuple[str, ...]]]
@@ -152,6 +155,7 @@ class Engine:
         self.history = History()
         self._history_kinds = _history_kinds(playbooks)
         self._kinds = _kinds(playbooks)
+        self._series_roots = tuple(dict.fromkeys(s.root for s in playbooks.series))
         self._skipping = None
         self._last_run = {k: v for k, v in self._last_run.items() if k in names}
         return closed
@@ -381,7 +385,8 @@ class Engine:
         if not self.playbooks.series:
             return
         history = self.history
-        seen: set[str] = set()
+        keys = [sets[root].keys for root in self._series_roots]
+        known = self._recorded
         for series in self.playbooks.series:
             scopes = sets[series.root]
             if self._reference:
@@ -391,8 +396,15 @@ class Engine:
             else:
                 values = series.sample_raw(scopes.rows, base, common)
                 history.record_many(scopes.keys, series, values, now)
-            seen.update(scopes.keys)
-        history.forget_except(seen)
+        if (
+            self._reference
+            or known is None
+            or known[0] is not history
+            or known[1] != history.generation
+            or known[2] != keys
+        ):  # else: the scopes of the last tick, and no scope's history added since
+            history.forget_except({key for each in keys for key in each})
+            self._recorded = (history, history.generation, keys)
 
     def _add_history(self, scopes: ScopeSet, now: float) -> None:
         """Give each row of ``scopes`` its scope's history view (what ``_h`` reads)."""

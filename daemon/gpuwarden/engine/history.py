@@ -144,6 +144,10 @@ class History:
         # Series id -> (scope keys, when, their tracks): what record_many recorded last, when
         # every key has a track and none repeats; dropped when anything else may change them.
         self._lanes: dict[int, tuple[list[Hashable], float, list[Track]]] = {}
+        # Held series id -> (scope keys, their maps of since-when): the same while no scope's
+        # maps are added or dropped.
+        self._held_lanes: dict[int, tuple[list[Hashable], list[dict[int, float]]]] = {}
+        self.generation = 0  # counts the times scopes' maps were added or dropped
 
     def _scope_values(self, scope_key: Hashable) -> dict[int, Track]:
         tracks = self._values.get(scope_key)
@@ -219,6 +223,16 @@ class History:
         tick)."""
         sid = series.id
         if series.kind == "held":
+            held = self._held_lanes.get(sid)
+            if held is not None and held[0] == scope_keys:  # the maps of the keys: known
+                for known, value in zip(held[1], values, strict=True):
+                    if value is not True:
+                        known.pop(sid, None)
+                    elif known.get(sid, now) > now:
+                        known[sid] = now  # the clock went back
+                    else:
+                        known.setdefault(sid, now)
+                return
             since_of = self._since
             for key, value in zip(scope_keys, values, strict=True):
                 since = since_of.get(key)
@@ -230,6 +244,7 @@ class History:
                     since[sid] = now  # the clock went back
                 else:
                     since.setdefault(sid, now)
+            self._held_lanes[sid] = (list(scope_keys), [since_of[key] for key in scope_keys])
             return
         self.need_window(sid, series.window)
         window = self._windows.get(sid)
@@ -367,6 +382,8 @@ class History:
         self._maps.clear()
         self._kept.clear()
         self._lanes.clear()
+        self._held_lanes.clear()
+        self.generation += 1
 
     def scope_keys(self) -> set[Hashable]:
         return set(self._values) | set(self._since)
