@@ -124,6 +124,13 @@ class Lifecycle:
         if not holding and not states:
             return  # nothing holds and nothing was going on: the common case
         event = rule.spec.for_each == "event"
+        if not (holding or every_scope or event) and all(map(_cooling, states.values())):
+            # Nothing holds and every state is only cooling down: what the visit below does
+            # comes to forgetting the cooled ones (and new labels, read only while pending).
+            for key, cooling in list(states.items()):
+                if cooling.cooldown_until <= now:
+                    del states[key]
+            return
         held = set(holding)
         order: Iterable[int]
         if every_scope or event or not scopes.unique:
@@ -424,6 +431,11 @@ class Lifecycle:
         )
         changes.append(change)
         return change
+
+
+def _cooling(state: ScopeState) -> bool:
+    """Inactive and not stood down: at most a cooldown left (see ``Lifecycle.evaluate``)."""
+    return state.phase == "inactive" and not state.stood_down
 
 
 def read_values(shows: tuple[Show, ...], env: Env) -> tuple[tuple[str, object], ...]:
