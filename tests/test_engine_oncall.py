@@ -107,6 +107,22 @@ def test_abort_resolves_and_stands_down_until_the_condition_clears(tmp_path: Pat
     ]
 
 
+def test_an_abort_stands_down_until_cleared_even_while_cooling_down(tmp_path: Path) -> None:
+    """Cleared once during the cooldown the abort started, the scope is re-armed: holding
+    again before the cooldown ends it is cooling down (not standing down), then fires."""
+    engine = make_engine(tmp_path, LADDER.replace("    steps:", "    cooldown: 5m\n    steps:", 1))
+    run(engine, 0)
+    (incident,) = engine.incidents
+    engine.abort(incident.id, T0 + 30, "by dave")
+    assert run(engine, 40) == []  # still full: standing down
+    assert run(engine, 50, pct=50) == []  # cleared: re-armed, still cooling down
+    assert run(engine, 60) == [("cooldown", G, 60, "cooldown")]
+    assert run(engine, 400)[:2] == [
+        ("pending", G, 400, "condition_met"),
+        ("firing", G, 400, "for_elapsed"),
+    ]
+
+
 def test_preview_says_what_comes_next_without_changing_anything(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, LADDER)
     run(engine, 0)
