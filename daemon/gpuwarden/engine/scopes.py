@@ -38,6 +38,12 @@ def process_key(proc: GpuProcess) -> str:
     return f"gpu:{proc.gpu}/pid:{proc.pid}@{stamp}"
 
 
+@functools.lru_cache(maxsize=64)
+def gpu_keys(indexes: tuple[int, ...]) -> tuple[str, ...]:
+    """``gpu_key`` of each of ``indexes``."""
+    return tuple(gpu_key(i) for i in indexes)
+
+
 @functools.lru_cache(maxsize=4096)
 def history_keys(scope_key: str, gpu: int | None) -> tuple[str, ...]:
     """Where a scope's history functions look after its own series: its GPU's, then the
@@ -156,18 +162,28 @@ class ProcessKeys:
         self._keys: dict[tuple[int, int, float | None], str] = {}
 
     def __call__(self, procs: Sequence[GpuProcess]) -> list[str]:
+        none: dict[int, GpuState] = {}
+        return self.rows(procs, none.get)[1]
+
+    def rows(
+        self, procs: Sequence[GpuProcess], gpu: Callable[[int], GpuState | None]
+    ) -> tuple[list[Row], list[str]]:
+        """The process rows of ``procs`` (``gpu``: a GPU by index) and their keys."""
         known = self._keys
+        rows: list[Row] = []
         out: list[str] = []
         for p in procs:
-            ident = (p.gpu, p.pid, p.info.create_time)
+            index = p.gpu
+            ident = (index, p.pid, p.info.create_time)
             key = known.get(ident)
             if key is None:
                 key = known[ident] = process_key(p)
             out.append(key)
+            rows.append((gpu(index), p, None, None))
         if len(known) > 2 * len(out) + 64:  # forget processes long gone
             live = set(out)
             self._keys = {k: v for k, v in known.items() if v in live}
-        return out
+        return rows, out
 
 
 def scope_sets(
@@ -180,19 +196,21 @@ def scope_sets(
     get = by_index.get
     sets: dict[str, ScopeSet] = {}
     if "gpu" in kinds:
+        indexes = tuple(by_index)
         sets["gpu"] = ScopeSet(
             "gpu",
             [(g, None, None, None) for g in gpus],
-            [gpu_key(g.index) for g in gpus],
+            # by_index keeps the GPUs' order: its keys are theirs when no index repeats
+            list(gpu_keys(indexes))
+            if len(indexes) == len(gpus)
+            else [gpu_key(g.index) for g in gpus],
             lambda i: f"GPU {gpus[i].index}",
         )
     if "process" in kinds:
         procs = snapshot.processes
+        rows, keys = process_keys.rows(procs, get)
         sets["process"] = ScopeSet(
-            "process",
-            [(get(p.gpu), p, None, None) for p in procs],
-            process_keys(procs),
-            lambda i: f"pid {procs[i].pid} on GPU {procs[i].gpu}",
+            "process", rows, keys, lambda i: f"pid {procs[i].pid} on GPU {procs[i].gpu}"
         )
     if "host" in kinds:
         sets["host"] = ScopeSet(
