@@ -227,11 +227,12 @@ class History:
             if held is not None and held[0] == scope_keys:  # the maps of the keys: known
                 for known, value in zip(held[1], values, strict=True):
                     if value is not True:
-                        known.pop(sid, None)
-                    elif known.get(sid, now) > now:
-                        known[sid] = now  # the clock went back
+                        if sid in known:
+                            del known[sid]
                     else:
-                        known.setdefault(sid, now)
+                        began = known.get(sid)
+                        if began is None or began > now:  # newly true, or the clock went back
+                            known[sid] = now
                 return
             since_of = self._since
             for key, value in zip(scope_keys, values, strict=True):

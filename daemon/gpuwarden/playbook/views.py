@@ -136,8 +136,10 @@ class TickEnvs:
             counts = counted[1]
         else:
             counts = {}
+            get = counts.get
             for p in procs:  # gpu_process_counts, in its order
-                counts[p.gpu] = counts.get(p.gpu, 0) + 1
+                index = p.gpu
+                counts[index] = get(index, 0) + 1
             self._procs = (procs, counts)
         span = self._span
         if span is None or span[0] is not tz or not span[1] <= now <= span[2]:
