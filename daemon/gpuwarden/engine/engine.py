@@ -408,14 +408,18 @@ class Engine:
 
     def _add_history(self, scopes: ScopeSet, now: float) -> None:
         """Give each row of ``scopes`` its scope's history view (what ``_h`` reads)."""
-        alsos: list[tuple[str, ...]] = []
-        for key, (gpu, _, event, _) in zip(scopes.keys, scopes.rows, strict=True):
-            if gpu is not None:
-                alsos.append(history_keys(key, gpu.index))
-            elif event is not None:
-                alsos.append(history_keys(key, event.gpu))
-            else:
-                alsos.append(_HOST)
+        alsos: list[tuple[str, ...]]
+        if scopes.kind == "gpu":  # keyed gpu_key(index): only the host's after its own
+            alsos = [_HOST] * len(scopes.keys)
+        else:
+            alsos = []
+            for key, (gpu, _, event, _) in zip(scopes.keys, scopes.rows, strict=True):
+                if gpu is not None:
+                    alsos.append(history_keys(key, gpu.index))
+                elif event is not None:
+                    alsos.append(history_keys(key, event.gpu))
+                else:
+                    alsos.append(_HOST)
         views = self.history.views(scopes.keys, alsos, now)
         scopes.rows = [
             (gpu, process, event, view)
