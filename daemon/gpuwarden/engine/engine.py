@@ -331,7 +331,7 @@ class Engine:
                 intents,
                 every_scope=self._reference,
             )
-        return Tick(tuple(records))
+        return Tick(tuple(records)) if records else _QUIET_TICK
 
     def _plan(self, quiet: Collection[str]) -> tuple[tuple[CompiledRule, ...], tuple[str, ...]]:
         """The rules this tick evaluates (of ``quiet``, those ``step`` skips are left out),
@@ -454,6 +454,7 @@ class Engine:
 
 
 _HOST = ("host",)
+_QUIET_TICK = Tick(())  # most ticks: nothing changed, nothing to do (Tick is immutable)
 _EMPTY: frozenset[str] = frozenset()  # no rule is quiet (one object: see _plan)
 
 
