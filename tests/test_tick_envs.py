@@ -7,6 +7,7 @@ daylight saving changes, zones with odd offsets, and the zone changing between t
 from __future__ import annotations
 
 import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from gpuwarden.model import GpuProcess, GpuState, Memory, ProcessInfo, Snapshot
 from gpuwarden.playbook.views import TickEnvs, tick_env
 
-ZONES = (
+ZONES: tuple[datetime.tzinfo, ...] = (
     datetime.UTC,
     ZoneInfo("Europe/London"),  # DST at 01:00 UTC
     ZoneInfo("America/New_York"),
@@ -65,10 +66,10 @@ steps = st.lists(
 
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(start=st.sampled_from(INSTANTS), offset=st.floats(-120, 120), draw=steps)
-def test_tick_envs_give_what_tick_env_gives(start: float, offset: float, draw: list) -> None:
+def test_tick_envs_give_what_tick_env_gives(start: float, offset: float, draw: list[Any]) -> None:
     envs = TickEnvs()
     now = start + offset
-    zone = ZONES[0]
+    zone: datetime.tzinfo = ZONES[0]
     snapshot = Snapshot("node-1", now, (), (), ())
     for gap, fresh, gpus, procs, zone_at, rezone in draw:
         now += gap
