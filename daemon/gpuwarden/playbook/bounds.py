@@ -120,10 +120,8 @@ class _Eval:
         self.history = history
 
     def value(self, node: ast.expr) -> Abstract:
-        method: Callable[[ast.expr], Abstract] | None = getattr(
-            self, f"_{type(node).__name__.lower()}", None
-        )
-        return _UNKNOWN if method is None else method(node)
+        method = _METHODS.get(type(node))
+        return _UNKNOWN if method is None else method(self, node)
 
     # -- leaves -----------------------------------------------------------------------------
 
@@ -266,6 +264,25 @@ class _Eval:
             if none and not isinstance(op, ast.Eq | ast.NotEq | ast.Is | ast.IsNot):
                 return Truth.NEVER
         return Truth.MAYBE
+
+
+# Node type -> the method of _Eval that reads it (``_Eval._compare`` for ``ast.Compare``).
+_METHODS: dict[type[ast.expr], Callable[[_Eval, ast.expr], Abstract]] = {
+    node: method
+    for node in (
+        ast.Constant,
+        ast.Name,
+        ast.Attribute,
+        ast.List,
+        ast.Tuple,
+        ast.BoolOp,
+        ast.UnaryOp,
+        ast.BinOp,
+        ast.Call,
+        ast.Compare,
+    )
+    for method in [getattr(_Eval, f"_{node.__name__.lower()}")]
+}
 
 
 def _path(node: ast.expr) -> str | None:
