@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import math
 import os
 import shutil
 import tempfile
@@ -40,7 +41,7 @@ from gpuwarden.sources.attach import Attached
 from gpuwarden.sources.cgroups import parse_cgroup
 from gpuwarden.sources.priority import PriorityResolver, normalise_signal
 from gpuwarden.sources.procs import Attributor as ProcessAttributor
-from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Keyframe, Scenario
+from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Scenario
 from gpuwarden.sources.spawn import Standin, spawn
 
 # Linux PIDs are below PID_MAX_LIMIT (2**22); synthetic ones start above it and never collide.
@@ -397,10 +398,18 @@ class ScenarioSource:
         self._spawning = spawn
         self._vanished: set[str] = set()
         self._infos: dict[str, ProcessInfo] = {}
-        self._last_offset: float | None = None
-        self._lost: dict[int, bool] = {}
-        self._segment_key: tuple[int, bool] | None = None  # the segment being played
+        # Playback's place: the keyframes due (and the offsets with as many due), the keyframe
+        # segment being played (its plans, the GPUs lost in it, where its ramp starts and
+        # how long it is), and what the last consuming snapshot saw (None: none yet).
+        self._due = 0
+        self._due_from, self._due_until = math.inf, -math.inf
+        self._segment_key: tuple[int, bool] | None = None
         self._segment: list[_GpuPlay] = []
+        self._segment_lost: list[GpuState] = []
+        self._ramps = False
+        self._from_at = self._span = 0.0
+        self._reported: int | None = None  # keyframes due then: their events are reported
+        self._lost: set[int] = set()  # GPUs lost then
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-scenario-"))
         self.standins: dict[str, Standin] = {}
@@ -525,12 +534,6 @@ class ScenarioSource:
 
     # -- playback ---------------------------------------------------------------------------
 
-    def _events(self, offset: float) -> list[tuple[Keyframe, float]]:
-        previous = self._last_offset
-        first = 0 if previous is None else bisect.bisect_right(self._times, previous)
-        last = bisect.bisect_right(self._times, offset)
-        return [(frame, self.start_time + frame.at) for frame in self.scenario.timeline[first:last]]
-
     def _info(self, job: JobSpec) -> ProcessInfo:
         """A synthetic job's attribution: fixed for the scenario, so made once."""
         known = self._infos.get(job.id)
@@ -598,55 +601,69 @@ class ScenarioSource:
         return self._snapshot(now, consume=False)
 
     def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
-        offset = max(0.0, now - self.start_time)
-        segment, f = self._segment_at(offset)
-        alive: set[str] = set()
-        real_info: dict[int, ProcessInfo] = {}
+        offset = now - self.start_time
+        if not offset > 0.0:
+            offset = 0.0  # before the start: its first instant
+        if not self._due_from <= offset < self._due_until:
+            self._enter(offset)
+        f = 0.0
+        if self._ramps:
+            span = self._span
+            f = (offset - self._from_at) / span if span > 0 else 1.0
         gone = self._vanished
+        real: Callable[[str], ProcessInfo] | None = None
         if self.standins or self.attached:
-            alive = {job_id for job_id, s in self.standins.items() if s.alive()}
-            alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
-            if self._attributor is not None and alive:
-                real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
-            gone = gone | (self.standins.keys() | self.attached.keys()) - alive
+            gone, real = self._real(now)
+        gpus: list[GpuState] = []
+        processes: list[GpuProcess] = []
+        for play in self._segment:
+            gpus.append(play.state(f, gone, real, processes))
+        events: list[Event] = []
+        if consume:
+            lost = self._segment_lost
+            if lost and self._reported is not None:
+                for gpu in lost:
+                    if gpu.index not in self._lost:
+                        error = gpu.error or "GPU is lost"
+                        events.append(Event(EventKind.GPU_LOST, now, gpu.index, None, error))
+            self._lost = {gpu.index for gpu in lost}
+            first, due = self._reported or 0, self._due
+            for frame in self.scenario.timeline[first:due]:
+                when = self.start_time + frame.at
+                for e in frame.events:
+                    events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
+            self._reported = due
+        if len(events) > 1:
+            events.sort(key=lambda e: e.time)
+        return _make_snapshot(
+            self.scenario.host,
+            now,
+            tuple(gpus),
+            tuple(processes),
+            tuple(events),
+            self.name,
+            True,
+        )
+
+    def _real(self, now: float) -> tuple[set[str], Callable[[str], ProcessInfo]]:
+        """The jobs gone at ``now`` (vanished, or stand-ins and attached processes that have
+        exited), and what tells a live one's process, as attributed for this snapshot."""
+        alive = {job_id for job_id, s in self.standins.items() if s.alive()}
+        alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
+        real_info: dict[int, ProcessInfo] = {}
+        if self._attributor is not None and alive:
+            real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
+        gone = self._vanished | (self.standins.keys() | self.attached.keys()) - alive
         infos: dict[str, ProcessInfo] = {}
 
         def real(job_id: str) -> ProcessInfo:
-            """A stand-in's or attached job's process, as attributed for this snapshot."""
             info = infos.get(job_id)
             if info is None:
                 pid = self.pid_of(job_id)
                 info = infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
             return info
 
-        gpus: list[GpuState] = []
-        processes: list[GpuProcess] = []
-        events: list[Event] = []
-        for play in segment:
-            gpu = play.state(f, gone, real, processes)
-            gpus.append(gpu)
-            index = gpu.index
-            if consume:
-                if gpu.lost and not self._lost.get(index, False) and self._last_offset is not None:
-                    events.append(
-                        Event(EventKind.GPU_LOST, now, index, None, gpu.error or "GPU is lost")
-                    )
-                self._lost[index] = gpu.lost
-        if consume:
-            for frame, when in self._events(offset):
-                for e in frame.events:
-                    events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
-            self._last_offset = offset
-        if len(events) > 1:
-            events.sort(key=lambda e: e.time)
-        return Snapshot(
-            host=self.scenario.host,
-            time=now,
-            gpus=tuple(gpus),
-            processes=tuple(processes),
-            events=tuple(events),
-            source=self.name,
-        )
+        return gone, real
 
     def stretch(self, now: float) -> tuple[int, bool] | None:
         """Which stretch of playback ``now`` falls in, for a drill that decides rules for a
@@ -672,18 +689,23 @@ class ScenarioSource:
         ramps = index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at
         return index, ramps
 
-    def _segment_at(self, offset: float) -> tuple[list[_GpuPlay], float]:
-        """The playback plans of the keyframe segment ``offset`` falls in, and how far into
-        its ramp it is (0 where it does not ramp)."""
-        frames = self.scenario.timeline
+    def _enter(self, offset: float) -> None:
+        """Find the keyframes due at ``offset``, the instants with as many due, and the
+        playback plans of the keyframe segment it falls in (made anew when that changes)."""
+        times = self._times
+        due = self._due = bisect.bisect_right(times, offset)
+        self._due_from = times[due - 1] if due else -math.inf
+        self._due_until = times[due] if due < len(times) else math.inf
         key = index, ramps = self._segment_key_at(offset)
         if self._segment_key != key:
             self._segment_key = key
             self._segment = self._plan(index, ramps)
-        if not ramps:
-            return self._segment, 0.0
-        span = frames[index + 1].at - frames[index].at
-        return self._segment, (offset - frames[index].at) / span if span > 0 else 1.0
+            self._segment_lost = [play.lost for play in self._segment if play.lost is not None]
+        self._ramps = ramps
+        if ramps:
+            frames = self.scenario.timeline
+            self._from_at = frames[index].at
+            self._span = frames[index + 1].at - frames[index].at
 
     def _plan(self, index: int, ramps: bool) -> list[_GpuPlay]:
         before = self._states[index]
