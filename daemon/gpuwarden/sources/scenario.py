@@ -46,14 +46,6 @@ from gpuwarden.sources.spawn import Standin, spawn
 
 # Linux PIDs are below PID_MAX_LIMIT (2**22); synthetic ones start above it and never collide.
 SYNTHETIC_PID_BASE = 2**22 + 1000
-_NUMERIC = (
-    "utilization_pct",
-    "memory_utilization_pct",
-    "temperature_c",
-    "power_w",
-    "memory_used_mib",
-    "other_mib",
-)
 
 
 class Attributor(Protocol):
@@ -90,12 +82,6 @@ def _accumulate(scenario: Scenario) -> list[dict[int, _GpuValues]]:
                 }
         states.append(current)
     return states
-
-
-def _lerp(a: float | None, b: float | None, f: float) -> float | None:
-    if a is None or b is None:
-        return b if f >= 1 else a
-    return a + (b - a) * f
 
 
 def _round(value: float | None) -> int | None:
@@ -406,10 +392,11 @@ class ScenarioSource:
         self._segment_key: tuple[int, bool] | None = None
         self._segment: list[_GpuPlay] = []
         self._segment_lost: list[GpuState] = []
+        self._segment_lost_indexes: frozenset[int] = frozenset()
         self._ramps = False
         self._from_at = self._span = 0.0
         self._reported: int | None = None  # keyframes due then: their events are reported
-        self._lost: set[int] = set()  # GPUs lost then
+        self._lost: frozenset[int] = frozenset()  # GPUs lost then
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-scenario-"))
         self.standins: dict[str, Standin] = {}
@@ -626,12 +613,13 @@ class ScenarioSource:
                     if gpu.index not in self._lost:
                         error = gpu.error or "GPU is lost"
                         events.append(Event(EventKind.GPU_LOST, now, gpu.index, None, error))
-            self._lost = {gpu.index for gpu in lost}
+            self._lost = self._segment_lost_indexes
             first, due = self._reported or 0, self._due
-            for frame in self.scenario.timeline[first:due]:
-                when = self.start_time + frame.at
-                for e in frame.events:
-                    events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
+            if due > first:
+                for frame in self.scenario.timeline[first:due]:
+                    when = self.start_time + frame.at
+                    for e in frame.events:
+                        events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
             self._reported = due
         if len(events) > 1:
             events.sort(key=lambda e: e.time)
@@ -701,6 +689,7 @@ class ScenarioSource:
             self._segment_key = key
             self._segment = self._plan(index, ramps)
             self._segment_lost = [play.lost for play in self._segment if play.lost is not None]
+            self._segment_lost_indexes = frozenset(gpu.index for gpu in self._segment_lost)
         self._ramps = ramps
         if ramps:
             frames = self.scenario.timeline
