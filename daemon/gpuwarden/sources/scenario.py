@@ -661,7 +661,9 @@ class ScenarioSource:
         its values at the first and the last of them; everything else does not change. The
         stretch is the keyframe segment, less its first instant where it ramps (a job ramping
         in is not there yet). None where nothing is promised: at that first instant, and in a
-        scenario with stand-ins or attached processes (they can exit at any time)."""
+        scenario with stand-ins or attached processes (they can exit at any time). A stretch's
+        instants follow one another: once later instants fall in another, none falls in it
+        again (a drill finds a stretch's end by bisection)."""
         if self.standins or self.attached:
             return None
         offset = max(0.0, now - self.start_time)
