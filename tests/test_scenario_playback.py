@@ -10,6 +10,7 @@ made to vanish as a drill does after a kill."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -329,3 +330,21 @@ def test_shipped_scenarios_play_as_the_reference(path: Path) -> None:
     step = max(1, seconds // 600)  # at most ~600 instants a scenario
     offsets = [float(s) for s in range(0, seconds + 2, step)]
     assert play_both(scenario, rng, offsets) >= len(offsets)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_stretch_never_comes_back_once_left(seed: int) -> None:
+    """The drill finds a stretch's last tick by bisection: that needs each stretch's
+    instants to follow one another."""
+    scenario = random_scenario(random.Random(seed))
+    with ScenarioSource(scenario, spawn=False) as source:
+        keys = [
+            source.stretch(source.start_time + k * 0.5)
+            for k in range(-4, int(scenario.duration * 2) + 6)
+        ]
+    left: set[object] = set()
+    for before, after in itertools.pairwise(keys):
+        assert after not in left, (before, after, keys)
+        if after != before and before is not None:
+            left.add(before)
+    assert any(key is not None for key in keys) or scenario.duration == 0
