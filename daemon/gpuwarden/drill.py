@@ -333,9 +333,15 @@ class _Ahead:
         key = stretch(self._at(n))
         if key is None:
             return self._rules
-        last = n
-        while last < self._steps and stretch(self._at(last + 1)) == key:
-            last += 1
+        # A stretch's ticks follow one another, and one never comes back after another:
+        # its last tick is found by bisection.
+        last, beyond = n, self._steps + 1
+        while beyond - last > 1:
+            middle = (last + beyond) // 2
+            if stretch(self._at(middle)) == key:
+                last = middle
+            else:
+                beyond = middle
         if last == n:
             return self._rules
         peek = self._source.peek

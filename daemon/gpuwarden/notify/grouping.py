@@ -153,8 +153,9 @@ class Grouper:
         group = self._member_of.get(incident)
         if group is not None and incident in group.members:
             member = group.members[incident]
-            group.members[incident] = replace(member, facts=items)
-        elif incident in self._seen:
+            if member.facts != items:  # most ticks show the values the last one did
+                group.members[incident] = replace(member, facts=items)
+        elif incident in self._seen and self._seen[incident].facts != items:
             self._seen[incident] = replace(self._seen[incident], facts=items)
 
     def notify(

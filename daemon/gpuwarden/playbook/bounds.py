@@ -12,13 +12,15 @@ What the engine's compiled form does, and what this relies on: comparisons are P
 comparison with an unknown (None) operand is never true, ``a and b`` is true only when both
 are, ``a or b`` only when one is, ``not`` turns only True into False and False into True.
 
-Pure: no I/O, no state; the bounds come from the caller (engine/quiet.py).
+A tree is made once into nested functions of the bounds (kept for the last 512 trees);
+each decision runs them. Pure: no I/O; the bounds come from the caller (engine/quiet.py).
 """
 
 from __future__ import annotations
 
 import ast
 import enum
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -90,7 +92,7 @@ def decide(
     if tree is None:
         return Truth.MAYBE
     try:
-        return _truth(_Eval(fields, ranks, history).value(tree))
+        return _truth(_compiled(tree)(_Ctx(fields, ranks, history)))
     except RecursionError:
         return Truth.MAYBE
 
@@ -108,7 +110,11 @@ def _span_of(value: Abstract) -> Span | None:
     return value if isinstance(value, Span) else None
 
 
-class _Eval:
+class _Ctx:
+    """What a compiled tree reads its bounds from."""
+
+    __slots__ = ("fields", "history", "ranks")
+
     def __init__(
         self,
         fields: Mapping[str, Abstract],
@@ -119,62 +125,94 @@ class _Eval:
         self.ranks = ranks
         self.history = history
 
-    def value(self, node: ast.expr) -> Abstract:
-        method: Callable[[ast.expr], Abstract] | None = getattr(
-            self, f"_{type(node).__name__.lower()}", None
-        )
-        return _UNKNOWN if method is None else method(node)
 
-    # -- leaves -----------------------------------------------------------------------------
+# A tree made into a function of the bounds: the tree is read once, each decision only runs
+# the functions (a drill decides every rule in every scope of every stretch).
+_Fn = Callable[[_Ctx], Abstract]
 
-    def _constant(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.Constant)
-        value = node.value
-        if isinstance(value, bool):
-            return Truth.ALWAYS if value else Truth.FALSE
-        if isinstance(value, int | float):
-            return Span(float(value), float(value))
-        if isinstance(value, str):
-            return Const(value)
-        return _UNKNOWN
 
-    def _name(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.Name)
-        if node.id in WORDS:
-            word = WORDS[node.id]
-            return Const(None) if word is None else (Truth.ALWAYS if word else Truth.FALSE)
-        rank = self.ranks.get(node.id)
-        return _UNKNOWN if rank is None else Span(float(rank), float(rank))
+@functools.lru_cache(maxsize=512)
+def _compiled(tree: ast.expr) -> _Fn:
+    return _compile(tree)
 
-    def _attribute(self, node: ast.expr) -> Abstract:
-        path = _path(node)
-        if path is None:
-            return _UNKNOWN
-        if path == "process.idle":  # derived from a number that ramps: decided from it
-            return _is_zero(self.fields.get("process.sm_util_pct"))
-        return self.fields.get(path, _UNKNOWN)
 
-    def _list(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.List | ast.Tuple)
-        items: list[object] = []
-        for elt in node.elts:
-            item = self.value(elt)
+def _fixed(value: Abstract) -> _Fn:
+    return lambda ctx: value
+
+
+def _compile(node: ast.expr) -> _Fn:
+    method = _COMPILERS.get(type(node))
+    return _fixed(_UNKNOWN) if method is None else method(node)
+
+
+# -- leaves -----------------------------------------------------------------------------------
+
+
+def _constant(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.Constant)
+    value = node.value
+    if isinstance(value, bool):
+        return _fixed(Truth.ALWAYS if value else Truth.FALSE)
+    if isinstance(value, int | float):
+        return _fixed(Span(float(value), float(value)))
+    if isinstance(value, str):
+        return _fixed(Const(value))
+    return _fixed(_UNKNOWN)
+
+
+def _name(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.Name)
+    if node.id in WORDS:
+        word = WORDS[node.id]
+        return _fixed(Const(None) if word is None else (Truth.ALWAYS if word else Truth.FALSE))
+    name = node.id
+
+    def rank(ctx: _Ctx) -> Abstract:
+        found = ctx.ranks.get(name)
+        return _UNKNOWN if found is None else Span(float(found), float(found))
+
+    return rank
+
+
+def _attribute(node: ast.expr) -> _Fn:
+    path = _path(node)
+    if path is None:
+        return _fixed(_UNKNOWN)
+    if path == "process.idle":  # derived from a number that ramps: decided from it
+        return lambda ctx: _is_zero(ctx.fields.get("process.sm_util_pct"))
+    return lambda ctx: ctx.fields.get(path, _UNKNOWN)
+
+
+def _list(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.List | ast.Tuple)
+    elements = [_compile(elt) for elt in node.elts]
+
+    def items(ctx: _Ctx) -> Abstract:
+        found: list[object] = []
+        for element in elements:
+            item = element(ctx)
             if isinstance(item, Const) and isinstance(item.value, str):
-                items.append(item.value)
+                found.append(item.value)
             elif isinstance(item, Span) and item.lo == item.hi and not item.maybe_none:
-                items.append(item.lo)
+                found.append(item.lo)
             else:
                 return _UNKNOWN
-        return Const(tuple(items))
+        return Const(tuple(found))
 
-    _tuple = _list
+    return items
 
-    # -- operators --------------------------------------------------------------------------
 
-    def _boolop(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.BoolOp)
-        truths = [_truth(self.value(v)) for v in node.values]
-        if isinstance(node.op, ast.And):
+# -- operators --------------------------------------------------------------------------------
+
+
+def _boolop(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.BoolOp)
+    operands = [_compile(v) for v in node.values]
+    conjunction = isinstance(node.op, ast.And)
+
+    def truth(ctx: _Ctx) -> Abstract:
+        truths = [_truth(operand(ctx)) for operand in operands]
+        if conjunction:
             if any(t.never_true for t in truths):
                 return Truth.FALSE if all(t is Truth.FALSE for t in truths) else Truth.NEVER
             return Truth.ALWAYS if all(t is Truth.ALWAYS for t in truths) else Truth.MAYBE
@@ -182,71 +220,103 @@ class _Eval:
             return Truth.FALSE if all(t is Truth.FALSE for t in truths) else Truth.NEVER
         return Truth.ALWAYS if all(t is Truth.ALWAYS for t in truths) else Truth.MAYBE
 
-    def _unaryop(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.UnaryOp)
-        operand = self.value(node.operand)
-        if isinstance(node.op, ast.Not):
-            t = _truth(operand)
+    return truth
+
+
+def _unaryop(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.UnaryOp)
+    operand = _compile(node.operand)
+    op = node.op
+    if isinstance(op, ast.Not):
+
+        def negation(ctx: _Ctx) -> Abstract:
+            t = _truth(operand(ctx))
             if t is Truth.ALWAYS:
                 return Truth.FALSE
             return Truth.ALWAYS if t is Truth.FALSE else Truth.MAYBE
-        span = _span_of(operand)
+
+        return negation
+
+    def sign(ctx: _Ctx) -> Abstract:
+        span = _span_of(operand(ctx))
         if span is None:
             return _UNKNOWN
-        if isinstance(node.op, ast.USub):
+        if isinstance(op, ast.USub):
             return Span(-span.hi, -span.lo, span.maybe_none)
-        return span if isinstance(node.op, ast.UAdd) else _UNKNOWN
+        return span if isinstance(op, ast.UAdd) else _UNKNOWN
 
-    def _binop(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.BinOp)
-        a, b = _span_of(self.value(node.left)), _span_of(self.value(node.right))
+    return sign
+
+
+def _binop(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.BinOp)
+    left, right, op = _compile(node.left), _compile(node.right), node.op
+
+    def arithmetic(ctx: _Ctx) -> Abstract:
+        a, b = _span_of(left(ctx)), _span_of(right(ctx))
         if a is None or b is None:
             return _UNKNOWN
         none = a.maybe_none or b.maybe_none
-        if isinstance(node.op, ast.Add):
+        if isinstance(op, ast.Add):
             return Span(a.lo + b.lo, a.hi + b.hi, none)
-        if isinstance(node.op, ast.Sub):
+        if isinstance(op, ast.Sub):
             return Span(a.lo - b.hi, a.hi - b.lo, none)
-        if isinstance(node.op, ast.Mult):
+        if isinstance(op, ast.Mult):
             ends = (a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi)
             return Span(min(ends), max(ends), none)
         return _UNKNOWN
 
-    def _call(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.Call)
-        if (
-            isinstance(node.func, ast.Name)
-            and node.func.id == "held_for"
-            and len(node.args) == 1
-            and not node.keywords
-            and _truth(self.value(node.args[0])).never_true
-        ):
-            # The condition is false (or unknown) at every tick, and the engine records it
-            # before it evaluates: it has held for 0 s at each of them.
-            return Span(0.0, 0.0)
-        if isinstance(node.func, ast.Name) and self.history is not None and not node.keywords:
-            name = node.func.id
-            wanted = _HISTORY_CALLS.get(name)
-            path = _path(node.args[0]) if node.args else None
-            numbers = [_number(arg) for arg in node.args[1:]]
-            if wanted is None or path is None:
-                return _UNKNOWN
+    return arithmetic
+
+
+def _call(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.Call)
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else None
+    held = (
+        _compile(node.args[0])
+        if name == "held_for" and len(node.args) == 1 and not node.keywords
+        else None
+    )
+    # A history function: its field path and arguments in seconds, or None for anything else.
+    asked: tuple[str, str, tuple[float, ...]] | None = None
+    if name is not None and not node.keywords:
+        wanted = _HISTORY_CALLS.get(name)
+        path = _path(node.args[0]) if node.args else None
+        numbers = [_number(arg) for arg in node.args[1:]]
+        if wanted is not None and path is not None:
             if name == "predict" and len(numbers) == 1:
                 numbers.append(DEFAULT_PREDICT_WINDOW)
             args = tuple(n for n in numbers if n is not None)
-            if len(args) != len(numbers) or len(args) != wanted:
-                return _UNKNOWN
-            return self.history(name, path, args)
-        return _UNKNOWN
+            if len(args) == len(numbers) == wanted:
+                asked = (name, path, args)
 
-    def _compare(self, node: ast.expr) -> Abstract:
-        assert isinstance(node, ast.Compare)
-        if len(node.ops) != 1:
-            return Truth.MAYBE
-        op = node.ops[0]
-        a, b = self.value(node.left), self.value(node.comparators[0])
-        if isinstance(op, ast.In | ast.NotIn):
-            return _membership(a, b, negate=isinstance(op, ast.NotIn))
+    def call(ctx: _Ctx) -> Abstract:
+        if held is not None and _truth(held(ctx)).never_true:
+            # The condition is false (or unknown) at every tick, and the engine records it
+            # before it evaluates: it has held for 0 s at each of them.
+            return Span(0.0, 0.0)
+        if asked is None or ctx.history is None:
+            return _UNKNOWN
+        return ctx.history(*asked)
+
+    return call
+
+
+def _compare(node: ast.expr) -> _Fn:
+    assert isinstance(node, ast.Compare)
+    if len(node.ops) != 1:
+        return _fixed(Truth.MAYBE)
+    op = node.ops[0]
+    left, right = _compile(node.left), _compile(node.comparators[0])
+    if isinstance(op, ast.In | ast.NotIn):
+        negate = isinstance(op, ast.NotIn)
+        return lambda ctx: _membership(left(ctx), right(ctx), negate=negate)
+    equality = isinstance(op, ast.Eq | ast.NotEq)
+    identity = equality or isinstance(op, ast.Is | ast.IsNot)
+
+    def comparison(ctx: _Ctx) -> Abstract:
+        a, b = left(ctx), right(ctx)
         if isinstance(a, Span) and isinstance(b, Span):
             found = _order(op, a, b)
             if a.maybe_none or b.maybe_none:  # None at some tick: never true there
@@ -255,17 +325,33 @@ class _Eval:
         if isinstance(a, Const) and isinstance(b, Const):
             if a.value is None or b.value is None:
                 # An unknown value never orders; == and != with null are left undecided.
-                eq = isinstance(op, ast.Eq | ast.NotEq)
-                return Truth.MAYBE if eq else Truth.NEVER
+                return Truth.MAYBE if equality else Truth.NEVER
             return _exact(op, a.value, b.value)
         if isinstance(a, Const | Span) and isinstance(b, Const | Span):
             # A number and an unknown value: no ordering is ever true.
             none = (isinstance(a, Const) and a.value is None) or (
                 isinstance(b, Const) and b.value is None
             )
-            if none and not isinstance(op, ast.Eq | ast.NotEq | ast.Is | ast.IsNot):
+            if none and not identity:
                 return Truth.NEVER
         return Truth.MAYBE
+
+    return comparison
+
+
+# Node type -> how it is compiled.
+_COMPILERS: dict[type[ast.expr], Callable[[ast.expr], _Fn]] = {
+    ast.Constant: _constant,
+    ast.Name: _name,
+    ast.Attribute: _attribute,
+    ast.List: _list,
+    ast.Tuple: _list,
+    ast.BoolOp: _boolop,
+    ast.UnaryOp: _unaryop,
+    ast.BinOp: _binop,
+    ast.Call: _call,
+    ast.Compare: _compare,
+}
 
 
 def _path(node: ast.expr) -> str | None:

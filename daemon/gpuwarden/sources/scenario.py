@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import math
 import os
 import shutil
 import tempfile
@@ -33,25 +34,18 @@ from gpuwarden.model import (
     RemappedRows,
     RetiredPages,
     Snapshot,
+    positional_maker,
 )
 from gpuwarden.sources import attach, scenario_format
 from gpuwarden.sources.attach import Attached
 from gpuwarden.sources.cgroups import parse_cgroup
 from gpuwarden.sources.priority import PriorityResolver, normalise_signal
 from gpuwarden.sources.procs import Attributor as ProcessAttributor
-from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Keyframe, Scenario
+from gpuwarden.sources.scenario_format import GpuSpec, JobSpec, Scenario
 from gpuwarden.sources.spawn import Standin, spawn
 
 # Linux PIDs are below PID_MAX_LIMIT (2**22); synthetic ones start above it and never collide.
 SYNTHETIC_PID_BASE = 2**22 + 1000
-_NUMERIC = (
-    "utilization_pct",
-    "memory_utilization_pct",
-    "temperature_c",
-    "power_w",
-    "memory_used_mib",
-    "other_mib",
-)
 
 
 class Attributor(Protocol):
@@ -90,12 +84,6 @@ def _accumulate(scenario: Scenario) -> list[dict[int, _GpuValues]]:
     return states
 
 
-def _lerp(a: float | None, b: float | None, f: float) -> float | None:
-    if a is None or b is None:
-        return b if f >= 1 else a
-    return a + (b - a) * f
-
-
 def _round(value: float | None) -> int | None:
     return None if value is None else round(value)
 
@@ -117,20 +105,27 @@ _RAMPED = (
 )
 _GPU_FIELDS = tuple(f.name for f in fields(GpuState))
 _MEMORY_AT = _GPU_FIELDS.index("memory")
+# Playback makes thousands of these a second: each from every field's value, in order.
+_make_gpu = positional_maker(GpuState)
+_make_memory = positional_maker(Memory)
+_make_process = positional_maker(GpuProcess)
+_make_snapshot = positional_maker(Snapshot)
 
-# A job's place in a segment: its id, MiB at the segment's start and its change over the
-# segment, SM % at both ends (None at the end: it keeps the start's), whether it is there at
-# the start, and its synthetic attribution (None: a real process's, asked per snapshot).
-_Job = tuple[str, float, float, Any, Any, bool, ProcessInfo | None]
+# A job's place in a segment, as playback reads it per snapshot: its id; MiB at the
+# segment's start and its change over the segment; SM % as shown (rounded, None where not
+# told) and, where it ramps, SM % at the start and its change (else None); its synthetic
+# attribution (None: a real process's, asked per snapshot); the process last shown for it.
+_Job = list[Any]
+_SHOWN = 7
 
 
 class _GpuPlay:
     """How one GPU plays between two keyframes, worked out once for the segment: everything
     that cannot change inside it (identity, ECC and row counters, throttle reasons, P-state,
-    the jobs it holds) is built when playback enters the segment, and only the fields that
-    ramp are interpolated per snapshot. A ``GpuState``, ``Memory`` or ``GpuProcess`` equal to
-    the previous snapshot's is that same object again: between keyframes that do not ramp
-    every snapshot shows the same objects.
+    the jobs it holds and which of them ramp) is built when playback enters the segment, and
+    only what ramps is computed per snapshot. A ``GpuState``, ``Memory`` or ``GpuProcess``
+    equal to the previous snapshot's is that same object again: between keyframes that do
+    not ramp every snapshot shows the same objects.
 
     A numeric field given at both keyframes ramps linearly (its value at ``f`` is
     ``a + (b - a) * f``, a float); anything else keeps the earlier keyframe's value until the
@@ -140,17 +135,19 @@ class _GpuPlay:
     __slots__ = (
         "args",
         "built",
-        "jobs",
+        "index",
+        "jobs_at_start",
+        "jobs_inside",
+        "jobs_late",
         "lost",
         "memory",
         "other_mib",
         "process_memory",
-        "processes",
         "ramping",
         "ramps",
         "reserved",
-        "sm_util",
-        "spec",
+        "seen",
+        "seen_processes",
         "total",
         "used_given",
         "uuid",
@@ -164,7 +161,7 @@ class _GpuPlay:
         after: _GpuValues | None,
         info: Callable[[str], ProcessInfo | None],
     ) -> None:
-        self.spec = spec
+        self.index = spec.index
         v = before.values
         unsupported = set(spec.unsupported)
         uuid, bus = identity
@@ -183,7 +180,7 @@ class _GpuPlay:
         ecc, remapped, retired, throttle = (
             get(n) for n in ("ecc", "remapped_rows", "retired_pages", "throttle")
         )
-        self.total = spec.memory_total_mib
+        self.total: int = spec.memory_total_mib
         self.reserved = None if "memory_reserved_mib" in unsupported else spec.memory_reserved_mib
         template = GpuState(
             index=spec.index,
@@ -221,87 +218,127 @@ class _GpuPlay:
         self.used_given = ends("memory_used_mib")
         self.other_mib = ends("other_mib")
         self.process_memory = "process_memory" not in unsupported
-        self.sm_util = "sm_util" not in unsupported
-        jobs: list[_Job] = []
+        sm_util = "sm_util" not in unsupported
+
+        def job(job_id: str, mib_a: float, mib_b: float, sm: Any, sm_b: Any = None) -> _Job:
+            """``sm_b``: the SM % the job ramps to (None: it keeps ``sm``)."""
+            if not sm_util:
+                sm = sm_b = None
+            ramp = sm is not None and sm_b is not None
+            shown = None if ramp else _round(sm)
+            return [
+                job_id,
+                mib_a,
+                mib_b - mib_a,
+                shown,
+                sm,
+                sm_b - sm if ramp else None,
+                info(job_id),
+                None,
+            ]
+
+        # The jobs at the segment's first instant, inside it, and at its end (reached only
+        # where the clock lands on a ramp's end through rounding): a job ramping in is not
+        # there at the first, and one with no SM % at the start shows the end's at the end.
         if after is None:
-            for job_id, (mib, sm) in before.jobs.items():
-                jobs.append((job_id, mib, 0.0, sm, None, True, info(job_id)))
+            self.jobs_at_start = [job(i, mib, mib, sm) for i, (mib, sm) in before.jobs.items()]
+            self.jobs_inside = self.jobs_late = self.jobs_at_start
         else:
             # In the order the keyframes list them (a set's order would change from run to
             # run, and with it the order of a GPU's processes and of the steps over them).
+            self.jobs_at_start, self.jobs_inside, self.jobs_late = [], [], []
             for job_id in dict.fromkeys([*before.jobs, *after.jobs]):
                 mib_a, sm_a = before.jobs.get(job_id, (0.0, None))
                 mib_b, sm_b = after.jobs.get(job_id, (0.0, None))
-                ends_sm = sm_b if job_id in after.jobs else None
-                there = job_id in before.jobs
-                jobs.append((job_id, mib_a, mib_b - mib_a, sm_a, ends_sm, there, info(job_id)))
-        self.jobs = jobs
+                kept = job_id not in after.jobs  # ramping out: it keeps its SM %
+                inside = job(job_id, mib_a, mib_b, sm_a, None if kept else sm_b)
+                self.jobs_inside.append(inside)
+                if job_id in before.jobs:
+                    self.jobs_at_start.append(inside)
+                late = sm_b if sm_a is None and not kept else sm_a
+                ramp_to = None if kept or sm_a is None else sm_b
+                self.jobs_late.append(job(job_id, mib_a, mib_b, late, ramp_to))
         self.built: GpuState | None = None
         self.memory: Memory | None = None
-        self.processes: dict[str, GpuProcess] = {}
+        # The last instant played without real processes: (f, jobs vanished by then), and
+        # the processes it showed.
+        self.seen: tuple[float, int] | None = None
+        self.seen_processes: list[GpuProcess] = []
 
     def state(
         self,
         f: float,
         gone: set[str],
-        real: Callable[[str], ProcessInfo],
+        real: Callable[[str], ProcessInfo] | None,
         processes: list[GpuProcess],
     ) -> GpuState:
         """The GPU at ``f`` (0 <= f < 1) of the segment's ramp without the jobs in ``gone``;
-        its processes are appended to ``processes`` (``real`` tells a real process's facts)."""
+        its processes are appended to ``processes``. ``real`` tells a real process's facts;
+        without one (no stand-ins, no attached jobs) ``gone`` may only grow from call to
+        call, and the GPU at an instant played before is what it was then."""
         if self.lost is not None:
             return self.lost
-        ramps = self.ramps
-        present: list[tuple[str, float, Any, ProcessInfo | None]] = []
-        for job_id, mib_a, mib_d, sm_a, sm_b, there, info in self.jobs:
-            if job_id in gone:
+        if real is None:
+            seen = (f, len(gone))
+            if seen == self.seen and self.built is not None:
+                processes += self.seen_processes
+                return self.built
+            self.seen = seen
+        jobs = self.jobs_inside if f > 0 else self.jobs_at_start
+        if f >= 1:
+            jobs = self.jobs_late
+        shown: list[GpuProcess] = []
+        mibs: list[float] = []
+        index, uuid, process_memory = self.index, self.uuid, self.process_memory
+        for job in jobs:
+            job_id, mib, mib_d, sm_util, sm_a, sm_d, info, known = job
+            if gone and job_id in gone:
                 continue
-            if not ramps:
-                present.append((job_id, mib_a, sm_a, info))
-            elif there or f > 0:  # a job ramping in starts after the keyframe
-                mib = mib_a + mib_d * f or 0.0
-                present.append((job_id, mib, sm_a if sm_b is None else _lerp(sm_a, sm_b, f), info))
-        a, d = self.used_given
-        used = a if d is None else a + d * f
-        if used is None:
-            a, d = self.other_mib
-            other = a if d is None else a + d * f
-            used = sum(job[1] for job in present) + (other or 0)
-        used_mib = min(round(used), self.total)
-        args = self.args
-        changed = self.built is None
-        memory = self.memory
-        if memory is None or memory.used_mib != used_mib:
-            total = self.total
-            memory = self.memory = Memory(total, used_mib, total - used_mib, self.reserved)
-            args[_MEMORY_AT] = memory
-            changed = True
-        for at, x, dx, rounded in self.ramping:
-            value = x + dx * f
-            if rounded:
-                value = round(value)
-            if value != args[at]:
-                args[at] = value
-                changed = True
-        gpu = self.built
-        if changed or gpu is None:
-            gpu = self.built = GpuState(*args)
-        shown = self.processes
-        for job_id, mib, sm, synthetic in present:
-            memory_mib = round(mib) if self.process_memory else None
-            sm_util = _round(sm) if self.sm_util else None
-            info = real(job_id) if synthetic is None else synthetic
-            known = shown.get(job_id)
+            mib = mib + mib_d * f or 0.0
+            mibs.append(mib)
+            memory_mib = round(mib) if process_memory else None
+            if sm_d is not None:
+                sm_util = round(sm_a + sm_d * f)
+            if info is None:
+                assert real is not None
+                info = real(job_id)
             if (
                 known is None
                 or known.gpu_memory_mib != memory_mib
                 or known.sm_util_pct != sm_util
                 or known.info is not info
             ):
-                known = shown[job_id] = GpuProcess(
-                    info.pid, self.spec.index, memory_mib, info, sm_util, self.uuid
+                known = job[_SHOWN] = _make_process(
+                    info.pid, index, memory_mib, info, sm_util, uuid, "compute"
                 )
-            processes.append(known)
+            shown.append(known)
+        processes += shown
+        if real is None:
+            self.seen_processes = shown
+        a, d = self.used_given
+        used = a if d is None else a + d * f
+        if used is None:
+            a, d = self.other_mib
+            other = a if d is None else a + d * f
+            used = sum(mibs) + (other or 0)
+        used_mib = min(round(used), self.total)
+        args = self.args
+        gpu = self.built
+        memory = self.memory
+        if memory is None or memory.used_mib != used_mib:
+            total = self.total
+            memory = self.memory = _make_memory(total, used_mib, total - used_mib, self.reserved)
+            args[_MEMORY_AT] = memory
+            gpu = None
+        for at, x, dx, rounded in self.ramping:
+            value = x + dx * f
+            if rounded:
+                value = round(value)
+            if value != args[at]:
+                args[at] = value
+                gpu = None
+        if gpu is None:
+            gpu = self.built = _make_gpu(*args)
         return gpu
 
 
@@ -347,10 +384,19 @@ class ScenarioSource:
         self._spawning = spawn
         self._vanished: set[str] = set()
         self._infos: dict[str, ProcessInfo] = {}
-        self._last_offset: float | None = None
-        self._lost: dict[int, bool] = {}
-        self._segment_key: tuple[int, bool] | None = None  # the segment being played
+        # Playback's place: the keyframes due (and the offsets with as many due), the keyframe
+        # segment being played (its plans, the GPUs lost in it, where its ramp starts and
+        # how long it is), and what the last consuming snapshot saw (None: none yet).
+        self._due = 0
+        self._due_from, self._due_until = math.inf, -math.inf
+        self._segment_key: tuple[int, bool] | None = None
         self._segment: list[_GpuPlay] = []
+        self._segment_lost: list[GpuState] = []
+        self._segment_lost_indexes: frozenset[int] = frozenset()
+        self._ramps = False
+        self._from_at = self._span = 0.0
+        self._reported: int | None = None  # keyframes due then: their events are reported
+        self._lost: frozenset[int] = frozenset()  # GPUs lost then
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-scenario-"))
         self.standins: dict[str, Standin] = {}
@@ -475,12 +521,6 @@ class ScenarioSource:
 
     # -- playback ---------------------------------------------------------------------------
 
-    def _events(self, offset: float) -> list[tuple[Keyframe, float]]:
-        previous = self._last_offset
-        first = 0 if previous is None else bisect.bisect_right(self._times, previous)
-        last = bisect.bisect_right(self._times, offset)
-        return [(frame, self.start_time + frame.at) for frame in self.scenario.timeline[first:last]]
-
     def _info(self, job: JobSpec) -> ProcessInfo:
         """A synthetic job's attribution: fixed for the scenario, so made once."""
         known = self._infos.get(job.id)
@@ -548,55 +588,70 @@ class ScenarioSource:
         return self._snapshot(now, consume=False)
 
     def _snapshot(self, now: float, *, consume: bool) -> Snapshot:
-        offset = max(0.0, now - self.start_time)
-        segment, f = self._segment_at(offset)
-        alive: set[str] = set()
-        real_info: dict[int, ProcessInfo] = {}
+        offset = now - self.start_time
+        if not offset > 0.0:
+            offset = 0.0  # before the start: its first instant
+        if not self._due_from <= offset < self._due_until:
+            self._enter(offset)
+        f = 0.0
+        if self._ramps:
+            span = self._span
+            f = (offset - self._from_at) / span if span > 0 else 1.0
         gone = self._vanished
+        real: Callable[[str], ProcessInfo] | None = None
         if self.standins or self.attached:
-            alive = {job_id for job_id, s in self.standins.items() if s.alive()}
-            alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
-            if self._attributor is not None and alive:
-                real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
-            gone = gone | (self.standins.keys() | self.attached.keys()) - alive
+            gone, real = self._real(now)
+        gpus: list[GpuState] = []
+        processes: list[GpuProcess] = []
+        for play in self._segment:
+            gpus.append(play.state(f, gone, real, processes))
+        events: list[Event] = []
+        if consume:
+            lost = self._segment_lost
+            if lost and self._reported is not None:
+                for gpu in lost:
+                    if gpu.index not in self._lost:
+                        error = gpu.error or "GPU is lost"
+                        events.append(Event(EventKind.GPU_LOST, now, gpu.index, None, error))
+            self._lost = self._segment_lost_indexes
+            first, due = self._reported or 0, self._due
+            if due > first:
+                for frame in self.scenario.timeline[first:due]:
+                    when = self.start_time + frame.at
+                    for e in frame.events:
+                        events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
+            self._reported = due
+        if len(events) > 1:
+            events.sort(key=lambda e: e.time)
+        return _make_snapshot(
+            self.scenario.host,
+            now,
+            tuple(gpus),
+            tuple(processes),
+            tuple(events),
+            self.name,
+            True,
+        )
+
+    def _real(self, now: float) -> tuple[set[str], Callable[[str], ProcessInfo]]:
+        """The jobs gone at ``now`` (vanished, or stand-ins and attached processes that have
+        exited), and what tells a live one's process, as attributed for this snapshot."""
+        alive = {job_id for job_id, s in self.standins.items() if s.alive()}
+        alive |= {job_id for job_id, a in self.attached.items() if a.alive()}
+        real_info: dict[int, ProcessInfo] = {}
+        if self._attributor is not None and alive:
+            real_info = self._attributor.describe([self.pid_of(j) for j in alive], now)
+        gone = self._vanished | (self.standins.keys() | self.attached.keys()) - alive
         infos: dict[str, ProcessInfo] = {}
 
         def real(job_id: str) -> ProcessInfo:
-            """A stand-in's or attached job's process, as attributed for this snapshot."""
             info = infos.get(job_id)
             if info is None:
                 pid = self.pid_of(job_id)
                 info = infos[job_id] = real_info.get(pid) or ProcessInfo(pid=pid)
             return info
 
-        gpus: list[GpuState] = []
-        processes: list[GpuProcess] = []
-        events: list[Event] = []
-        for play in segment:
-            gpu = play.state(f, gone, real, processes)
-            gpus.append(gpu)
-            index = gpu.index
-            if consume:
-                if gpu.lost and not self._lost.get(index, False) and self._last_offset is not None:
-                    events.append(
-                        Event(EventKind.GPU_LOST, now, index, None, gpu.error or "GPU is lost")
-                    )
-                self._lost[index] = gpu.lost
-        if consume:
-            for frame, when in self._events(offset):
-                for e in frame.events:
-                    events.append(Event(e.kind, when, e.gpu, e.xid, e.detail))
-            self._last_offset = offset
-        if len(events) > 1:
-            events.sort(key=lambda e: e.time)
-        return Snapshot(
-            host=self.scenario.host,
-            time=now,
-            gpus=tuple(gpus),
-            processes=tuple(processes),
-            events=tuple(events),
-            source=self.name,
-        )
+        return gone, real
 
     def stretch(self, now: float) -> tuple[int, bool] | None:
         """Which stretch of playback ``now`` falls in, for a drill that decides rules for a
@@ -606,7 +661,9 @@ class ScenarioSource:
         its values at the first and the last of them; everything else does not change. The
         stretch is the keyframe segment, less its first instant where it ramps (a job ramping
         in is not there yet). None where nothing is promised: at that first instant, and in a
-        scenario with stand-ins or attached processes (they can exit at any time)."""
+        scenario with stand-ins or attached processes (they can exit at any time). A stretch's
+        instants follow one another: once later instants fall in another, none falls in it
+        again (a drill finds a stretch's end by bisection)."""
         if self.standins or self.attached:
             return None
         offset = max(0.0, now - self.start_time)
@@ -622,18 +679,24 @@ class ScenarioSource:
         ramps = index + 1 < len(frames) and frames[index + 1].ramp and offset >= frames[0].at
         return index, ramps
 
-    def _segment_at(self, offset: float) -> tuple[list[_GpuPlay], float]:
-        """The playback plans of the keyframe segment ``offset`` falls in, and how far into
-        its ramp it is (0 where it does not ramp)."""
-        frames = self.scenario.timeline
+    def _enter(self, offset: float) -> None:
+        """Find the keyframes due at ``offset``, the instants with as many due, and the
+        playback plans of the keyframe segment it falls in (made anew when that changes)."""
+        times = self._times
+        due = self._due = bisect.bisect_right(times, offset)
+        self._due_from = times[due - 1] if due else -math.inf
+        self._due_until = times[due] if due < len(times) else math.inf
         key = index, ramps = self._segment_key_at(offset)
         if self._segment_key != key:
             self._segment_key = key
             self._segment = self._plan(index, ramps)
-        if not ramps:
-            return self._segment, 0.0
-        span = frames[index + 1].at - frames[index].at
-        return self._segment, (offset - frames[index].at) / span if span > 0 else 1.0
+            self._segment_lost = [play.lost for play in self._segment if play.lost is not None]
+            self._segment_lost_indexes = frozenset(gpu.index for gpu in self._segment_lost)
+        self._ramps = ramps
+        if ramps:
+            frames = self.scenario.timeline
+            self._from_at = frames[index].at
+            self._span = frames[index + 1].at - frames[index].at
 
     def _plan(self, index: int, ramps: bool) -> list[_GpuPlay]:
         before = self._states[index]
