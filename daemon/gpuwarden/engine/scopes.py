@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.model import Event, GpuProcess, GpuState, Snapshot
+from gpuwarden.model import Event, GpuProcess, GpuState, Snapshot, positional_maker
 from gpuwarden.playbook.expr_batch import Row
 
 
@@ -25,6 +25,9 @@ class Scope:
     gpu: GpuState | None = None
     process: GpuProcess | None = None
     event: Event | None = None
+
+
+_make_scope = positional_maker(Scope)  # Scope(...) without the dataclass's __init__
 
 
 @functools.cache
@@ -143,7 +146,7 @@ class ScopeSet:
         found = self._scopes.get(i)
         if found is None:
             gpu, process, event, _ = self.rows[i]
-            found = self._scopes[i] = Scope(self.keys[i], self._label(i), gpu, process, event)
+            found = self._scopes[i] = _make_scope(self.keys[i], self._label(i), gpu, process, event)
         return found
 
     @classmethod

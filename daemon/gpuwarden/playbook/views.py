@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwarden.model import GpuProcess, GpuState, Snapshot
+from gpuwarden.model import GpuProcess, GpuState, Snapshot, positional_maker
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
@@ -146,7 +146,7 @@ class TickEnvs:
             self._minute_of(now, tz)
         return {
             "host": host,
-            "time": TimeView(now, *self._minute),
+            "time": _make_time(now, *self._minute),
             "_now": now,
             "_gpu_procs": counts,
         }
@@ -196,7 +196,7 @@ def _host_view(name: str, gpus: Sequence[GpuState], procs: Sequence[GpuProcess])
             reporting += 1
         if gpu.lost:
             lost += 1
-    return HostView(
+    return _make_host(
         name,
         len(gpus),
         lost,
@@ -205,3 +205,7 @@ def _host_view(name: str, gpus: Sequence[GpuState], procs: Sequence[GpuProcess])
         100.0 * used / total if reporting and total > 0 else None,
         len({p.pid for p in procs}),
     )
+
+
+_make_time = positional_maker(TimeView)  # made every tick: without the dataclass's __init__
+_make_host = positional_maker(HostView)
