@@ -32,6 +32,7 @@ No I/O, no clock: ``now`` comes in, records and intents go out.
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 from collections.abc import Collection, Container, Iterable
 from typing import Any
@@ -94,6 +95,7 @@ class Engine:
         self._history_kinds = _history_kinds(playbooks)
         self._kinds = _kinds(playbooks)
         self._series_roots = tuple(dict.fromkeys(s.root for s in playbooks.series))
+        self._series_shared = _series_read_shared(playbooks)
         # (history, its generation, the keys of each series root) after the last forget_except
         self._recorded: tuple[History, int, list[list[str]]] | None = None
         # The last tick's quiet rules, those skipped of them, and the plan made (see _plan).
@@ -156,6 +158,7 @@ class Engine:
         self._history_kinds = _history_kinds(playbooks)
         self._kinds = _kinds(playbooks)
         self._series_roots = tuple(dict.fromkeys(s.root for s in playbooks.series))
+        self._series_shared = _series_read_shared(playbooks)
         self._skipping = None
         self._last_run = {k: v for k, v in self._last_run.items() if k in names}
         return closed
@@ -269,8 +272,11 @@ class Engine:
         of this tick (a drill's fast-forward, engine/quiet.py). Such a rule is not evaluated
         while it has no state in any scope (nothing pending, firing, cooling down or stood
         down), which is exactly when its evaluation would change nothing; scheduled and event
-        rules are evaluated regardless. History is recorded as at any tick. A wrong ``quiet``
-        loses records: tests compare this with ``Engine(reference=True)``, which ignores it."""
+        rules are evaluated regardless. History is recorded as at any tick; a tick where no
+        rule is left to evaluate does only that (``_idle``). A wrong ``quiet`` loses records:
+        tests compare this with ``Engine(reference=True)``, which ignores it."""
+        if quiet and not self._reference and self._idle(snapshot, now, quiet):
+            return _QUIET_TICK
         records: Records = []
         changes = intents = records  # one ordered list; the names say what goes in
         if self._reference:
@@ -332,6 +338,42 @@ class Engine:
                 every_scope=self._reference,
             )
         return Tick(tuple(records)) if records else _QUIET_TICK
+
+    def _idle(self, snapshot: Snapshot, now: float, quiet: Collection[str]) -> bool:
+        """Whether this tick evaluates no rule, and if so its work done: the history recorded,
+        as ``step`` records it. A tick is idle when every rule is skipped (quiet, without
+        state), or is an event rule without state in a snapshot without events, or a scheduled
+        rule that is not due and has no open incident (``step`` would only look at it)."""
+        if snapshot.events:
+            return False
+        rules, _ = self._plan(quiet)
+        states = self._lifecycle.states
+        for rule in rules:
+            held = states.get(rule.name)
+            if rule.every is None:
+                if rule.spec.for_each != "event" or held:
+                    return False
+            elif self._due(rule, self._last_run.get(rule.name, now), now) or (
+                held and any(state.incident is not None for state in held.values())
+            ):
+                return False
+        for rule in rules:
+            if rule.every is not None:
+                self._last_run.setdefault(rule.name, now)  # first seen now, as in step
+        self._envs = {}
+        if not self.playbooks.series:
+            return True
+        sets, gpus = scope_sets(snapshot, self._process_keys, self._series_roots)
+        if self._series_shared:
+            base = self._tick_envs(snapshot, now, self.tz)
+            base["gpu"] = base["process"] = base["event"] = None
+            base["_snapshot"] = snapshot
+            base["_gpus"] = gpus
+            common: Shared = (base["host"], base["time"], now, base["_gpu_procs"])
+        else:  # no series reads host, time, _now or _gpu_procs: nothing to build
+            base, common = _NO_BASE, (None, None, now, None)
+        self._record_history(sets, base, common, now)
+        return True
 
     def _plan(self, quiet: Collection[str]) -> tuple[tuple[CompiledRule, ...], tuple[str, ...]]:
         """The rules this tick evaluates (of ``quiet``, those ``step`` skips are left out),
@@ -456,6 +498,18 @@ class Engine:
 _HOST = ("host",)
 _QUIET_TICK = Tick(())  # most ticks: nothing changed, nothing to do (Tick is immutable)
 _EMPTY: frozenset[str] = frozenset()  # no rule is quiet (one object: see _plan)
+_NO_BASE: Env = {}  # an idle tick's environment when no series reads it (see _idle)
+_SHARED_NAMES = frozenset({"host", "time", "_now", "_gpu_procs"})
+
+
+def _series_read_shared(playbooks: PlaybookSet) -> bool:
+    """Whether some series reads the tick's shared environment (its batch form's arguments
+    ``host``, ``time``, ``_now``, ``_gpu_procs``), or may (one without a batch form)."""
+    return any(
+        series.tree is None
+        or any(isinstance(n, ast.Name) and n.id in _SHARED_NAMES for n in ast.walk(series.tree))
+        for series in playbooks.series
+    )
 
 
 def _history_kinds(playbooks: PlaybookSet) -> tuple[str, ...]:
