@@ -34,7 +34,7 @@ from gpuwarden.clock import SimClock
 from gpuwarden.cloud import plan
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
-from gpuwarden.engine.quiet import candidate, quiet_rules
+from gpuwarden.engine.quiet import candidate, quiet_rules, still_series
 from gpuwarden.model import Intent, Outcome, RuleChange, Snapshot, Target
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.playbook.schema import ENDING_KINDS
@@ -230,7 +230,7 @@ def run(
             snapshot = source.snapshot(now)
             if observe is not None:
                 observe(snapshot, now)
-            result = engine.step(snapshot, now, quiet=quiet)
+            result = engine.step(snapshot, now, quiet=quiet, still=ahead.still(n))
             if result.records:
                 ahead.forget()  # a step may change what plays next (a killed job vanishes)
             summary.ticks += 1
@@ -315,18 +315,25 @@ class _Ahead:
         self._interval = interval
         self._steps = steps
         self._rules: frozenset[str] = frozenset()
-        self._last = -1  # the last tick the rules are known for
+        self._still: frozenset[int] = frozenset()  # held series unchanged over the stretch
+        self._start = self._last = -1  # the stretch (its ticks) the rules are known for
 
     def _at(self, n: int) -> float:
         return self._first + n * self._interval  # as the drill's loop computes it
 
     def forget(self) -> None:
-        self._last = -1
+        self._start = self._last = -1
+
+    def still(self, n: int) -> frozenset[int]:
+        """The held series that tick ``n`` need not record again (``Engine.step``'s
+        ``still``): those unchanged over the stretch, at its ticks after the first (the
+        first may differ from the tick before it)."""
+        return self._still if self._start < n <= self._last else frozenset()
 
     def quiet(self, n: int) -> frozenset[str]:
         if n <= self._last:
             return self._rules
-        self._rules, self._last = frozenset(), n
+        self._rules, self._still, self._start, self._last = frozenset(), frozenset(), n, n
         stretch = self._stretch
         if stretch is None:
             return self._rules
@@ -355,6 +362,7 @@ class _Ahead:
             history=self._engine.history,
             ticks=ticks,
         )
+        self._still = still_series(self._playbooks, ends[0], ends[1], self._engine.tz)
         self._last = last
         return self._rules
 

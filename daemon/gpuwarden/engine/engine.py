@@ -267,15 +267,25 @@ class Engine:
         """An executor finished an intent; the ladder may move on."""
         self._ladder.complete(intent_id, outcome)
 
-    def step(self, snapshot: Snapshot, now: float, *, quiet: Collection[str] = frozenset()) -> Tick:
+    def step(
+        self,
+        snapshot: Snapshot,
+        now: float,
+        *,
+        quiet: Collection[str] = frozenset(),
+        still: Collection[int] = frozenset(),
+    ) -> Tick:
         """One tick. ``quiet``: rules whose ``when`` the caller has shown to hold in no scope
         of this tick (a drill's fast-forward, engine/quiet.py). Such a rule is not evaluated
         while it has no state in any scope (nothing pending, firing, cooling down or stood
         down), which is exactly when its evaluation would change nothing; scheduled and event
         rules are evaluated regardless. History is recorded as at any tick; a tick where no
-        rule is left to evaluate does only that (``_idle``). A wrong ``quiet`` loses records:
-        tests compare this with ``Engine(reference=True)``, which ignores it."""
-        if quiet and not self._reference and self._idle(snapshot, now, quiet):
+        rule is left to evaluate does only that (``_idle``). ``still``: held series the caller
+        has shown to be, in every scope, what they were at the last tick, the scopes the same
+        (engine/quiet.py ``still_series``); such a tick records them only if it evaluates some
+        rule. A wrong ``quiet`` or ``still`` loses records: tests compare this with
+        ``Engine(reference=True)``, which ignores both."""
+        if quiet and not self._reference and self._idle(snapshot, now, quiet, still):
             return _QUIET_TICK
         records: Records = []
         changes = intents = records  # one ordered list; the names say what goes in
@@ -339,11 +349,14 @@ class Engine:
             )
         return Tick(tuple(records)) if records else _QUIET_TICK
 
-    def _idle(self, snapshot: Snapshot, now: float, quiet: Collection[str]) -> bool:
+    def _idle(
+        self, snapshot: Snapshot, now: float, quiet: Collection[str], still: Collection[int]
+    ) -> bool:
         """Whether this tick evaluates no rule, and if so its work done: the history recorded,
         as ``step`` records it. A tick is idle when every rule is skipped (quiet, without
         state), or is an event rule without state in a snapshot without events, or a scheduled
-        rule that is not due and has no open incident (``step`` would only look at it)."""
+        rule that is not due and has no open incident (``step`` would only look at it). The
+        series in ``still`` (held, unchanged, the scopes the same) are not recorded again."""
         if snapshot.events:
             return False
         rules, _ = self._plan(quiet)
@@ -363,7 +376,11 @@ class Engine:
         self._envs = {}
         if not self.playbooks.series:
             return True
-        sets, gpus = scope_sets(snapshot, self._process_keys, self._series_roots)
+        # With ``still``, the scopes are the last tick's: only the others are recorded, from
+        # rows of their kinds, and nothing is forgotten (no scope went).
+        recorded = [s for s in self.playbooks.series if not (s.kind == "held" and s.id in still)]
+        roots = self._series_roots if not still else tuple(dict.fromkeys(s.root for s in recorded))
+        sets, gpus = scope_sets(snapshot, self._process_keys, roots)
         if self._series_shared:
             base = self._tick_envs(snapshot, now, self.tz)
             base["gpu"] = base["process"] = base["event"] = None
@@ -372,7 +389,14 @@ class Engine:
             common: Shared = (base["host"], base["time"], now, base["_gpu_procs"])
         else:  # no series reads host, time, _now or _gpu_procs: nothing to build
             base, common = _NO_BASE, (None, None, now, None)
-        self._record_history(sets, base, common, now)
+        if not still:
+            self._record_history(sets, base, common, now)
+            return True
+        history = self.history
+        for series in recorded:
+            scopes = sets[series.root]
+            values = series.sample_raw(scopes.rows, base, common)
+            history.record_many(scopes.keys, series, values, now)
         return True
 
     def _plan(self, quiet: Collection[str]) -> tuple[tuple[CompiledRule, ...], tuple[str, ...]]:

@@ -40,7 +40,7 @@ from gpuwarden.playbook.bounds import (
 from gpuwarden.playbook.fields import tick_env
 from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
 
-__all__ = ["quiet_rules"]
+__all__ = ["quiet_rules", "still_series"]
 
 _KINDS = ("gpu", "process")
 _ROOTS = ("gpu.", "process.")
@@ -96,6 +96,50 @@ def quiet_rules(
         else:
             quiet.add(rule.name)
     return frozenset(quiet)
+
+
+def still_series(
+    playbooks: PlaybookSet,
+    first: tuple[Snapshot, float],
+    last: tuple[Snapshot, float],
+    tz: dt.tzinfo,
+) -> frozenset[int]:
+    """The ids of the held series (``held_for``'s conditions) of ``playbooks`` that are the
+    same at every tick from ``first`` to ``last`` in every scope of their root: always true,
+    or never true, shown by ``decide`` over the fields' bounds (see the module doc), the
+    scopes the same at both ends. At a tick of the stretch after its first, recording such a
+    series again changes nothing (``Engine.step``'s ``still``). Only ``gpu`` and ``process``
+    series that a rule of the same kind reads are decided."""
+    ranks = playbooks.compiler.ranks
+    ends = (_Envs(*first, tz), _Envs(*last, tz))
+    hulls: dict[tuple[str, str], Abstract] = {}
+    still: set[int] = set()
+    for series in playbooks.series:
+        if series.kind != "held" or series.root not in _KINDS:
+            continue
+        tree = _tree(series.text)
+        rule = next(
+            (
+                r
+                for r in playbooks.rules
+                if r.spec.for_each == series.root and series in r.when.series
+            ),
+            None,
+        )
+        if tree is None or rule is None:
+            continue
+        pairs = ends[0].scopes(series.root), ends[1].scopes(series.root)
+        keys = [s.key for s in pairs[0]]
+        if keys != [s.key for s in pairs[1]] or len(set(keys)) != len(keys):
+            continue
+        for a, b in zip(*pairs, strict=True):
+            bounds = _bounds(rule, ends[0].env(a), ends[1].env(b), a, b, hulls)
+            truth = decide(tree, bounds, ranks)
+            if truth is not Truth.ALWAYS and not truth.never_true:
+                break
+        else:
+            still.add(series.id)
+    return frozenset(still)
 
 
 class _Envs:
