@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.engine.engine import Engine
-from gpuwarden.engine.quiet import quiet_rules
+from gpuwarden.engine.quiet import quiet_rules, still_series
 from gpuwarden.model import (
     Event,
     EventKind,
@@ -113,6 +113,17 @@ def rules(tmp_path_factory: pytest.TempPathFactory) -> PlaybookSet:
     return load([path], config())
 
 
+@pytest.fixture(scope="module")
+def idle_rules(tmp_path_factory: pytest.TempPathFactory) -> PlaybookSet:
+    """``RULES`` less the rules that are never quiet (a host rule, one that reads ``host.*``,
+    one that divides): ticks where nothing is left to evaluate happen (``Engine._idle``)."""
+    head, *blocks = textwrap.dedent(RULES).split("\n  - name: ")
+    kept = [b for b in blocks if b.split("\n", 1)[0] not in ("host-full", "squeeze", "power")]
+    path: Path = tmp_path_factory.mktemp("idle") / "rules.yaml"
+    path.write_text("\n  - name: ".join([head, *kept]))
+    return load([path], config())
+
+
 def _gpu(index: int, pct: int | None, temp: Any, power: float, hot: bool) -> GpuState:
     used = None if pct is None else pct * TOTAL_MIB // 100
     return GpuState(
@@ -178,15 +189,22 @@ def _snapshots(draw: list[Any]) -> list[tuple[float, Snapshot]]:
 
 
 Quiet = Callable[[Engine, Snapshot, float], Collection[str]]
+Still = Callable[[tuple[Snapshot, float] | None, Snapshot, float], Collection[int]]
 
 
 def _run(
-    engine: Engine, snapshots: list[tuple[float, Snapshot]], quiet: Quiet | None = None
+    engine: Engine,
+    snapshots: list[tuple[float, Snapshot]],
+    quiet: Quiet | None = None,
+    still: Still | None = None,
 ) -> list[RuleChange | Intent]:
     records: list[RuleChange | Intent] = []
+    last: tuple[Snapshot, float] | None = None
     for now, snapshot in snapshots:
         told = frozenset() if quiet is None else quiet(engine, snapshot, now)
-        tick = engine.step(snapshot, now, quiet=told)
+        kept = frozenset() if still is None else still(last, snapshot, now)
+        tick = engine.step(snapshot, now, quiet=told, still=kept)
+        last = (snapshot, now)
         records.extend(tick.records)
         for intent in tick.intents:
             engine.complete(intent.id, OK)
@@ -207,6 +225,44 @@ def test_fast_path_records_equal_the_plain_ones(rules: PlaybookSet, draw: list[A
     plain = _run(Engine(rules, cfg, reference=True), snapshots)
     assert fast == plain
     assert _run(Engine(rules, cfg), snapshots, _proven(rules)) == plain
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(draw=frames, repeats=st.lists(st.integers(1, 4), min_size=30, max_size=30))
+def test_idle_ticks_record_as_the_plain_path(
+    idle_rules: PlaybookSet, draw: list[Any], repeats: list[int]
+) -> None:
+    """With rules that can all be quiet, some ticks evaluate nothing and only record history,
+    some of it not again (``still``, where a tick shows the GPUs and processes of the one
+    before: each drawn tick is held for a few more): the records are the plain path's."""
+    cfg = config()
+    held = [
+        tick
+        for (gap, gpus, procs, events), n in zip(draw, repeats, strict=False)
+        for tick in [(gap, gpus, procs, events)] + [(10, gpus, procs, [])] * (n - 1)
+    ]
+    snapshots = _snapshots(held)
+    plain = _run(Engine(idle_rules, cfg, reference=True), snapshots)
+    proven, unchanged = _proven(idle_rules), _unchanged(idle_rules)
+    assert _run(Engine(idle_rules, cfg), snapshots, proven, unchanged) == plain
+
+
+def _unchanged(rules: PlaybookSet) -> Still:
+    """The held series ``still_series`` shows unchanged from the last tick to this one (a
+    stretch of two ticks: its ends are all it holds)."""
+    tz = config().tz
+
+    def still(
+        last: tuple[Snapshot, float] | None, snapshot: Snapshot, now: float
+    ) -> frozenset[int]:
+        return frozenset() if last is None else still_series(rules, last, (snapshot, now), tz)
+
+    return still
 
 
 def _proven(rules: PlaybookSet) -> Quiet:
@@ -255,3 +311,39 @@ def test_the_property_sees_every_kind_of_record(rules: PlaybookSet) -> None:
     wrong = _run(Engine(rules, cfg), snapshots, lambda engine, snapshot, now: every)
     assert wrong != fast
     assert {r.rule for r in fast} - {r.rule for r in wrong} >= {"mem", "hot", "idle-big"}
+
+
+def test_held_series_told_unchanged(idle_rules: PlaybookSet) -> None:
+    """A process turns idle while it holds little memory (every rule quiet: idle ticks),
+    then grows: ``idle-big`` fires once it has been idle 30 s. Shown unchanged where they
+    are, the held series give the same records; told so wrongly at every tick, the engine
+    misses when the process turned idle (it learns at the next tick that evaluates a rule),
+    and the rule fires later."""
+    cfg = config()
+    cool = [(50, 60, 300.0, False)]
+    busy, idle_small, idle_big = (
+        (101, 0, 1000, 50, 10.0, 0),
+        (101, 0, 1000, 0, 10.0, 0),
+        (
+            101,
+            0,
+            30000,
+            0,
+            10.0,
+            0,
+        ),
+    )
+    draw: list[Any] = [(10, cool, [busy], [])] * 2
+    draw += [(10, cool, [idle_small], [])] * 4 + [(10, cool, [idle_big], [])] * 3
+    snapshots = _snapshots(draw)
+    plain = _run(Engine(idle_rules, cfg, reference=True), snapshots)
+    assert "idle-big" in {r.rule for r in plain}
+    proven, unchanged = _proven(idle_rules), _unchanged(idle_rules)
+    engine = Engine(idle_rules, cfg)
+    assert _run(engine, snapshots, proven, unchanged) == plain
+    held = frozenset(s.id for s in idle_rules.series if s.kind == "held")
+    wrong = _run(Engine(idle_rules, cfg), snapshots, proven, lambda last, snapshot, now: held)
+    fired = [r.time for r in plain if isinstance(r, RuleChange) and str(r.kind) == "firing"]
+    late = [r.time for r in wrong if isinstance(r, RuleChange) and str(r.kind) == "firing"]
+    assert len(fired) == len(late) == 1
+    assert late[0] > fired[0]

@@ -106,12 +106,16 @@ def still_series(
 ) -> frozenset[int]:
     """The ids of the held series (``held_for``'s conditions) of ``playbooks`` that are the
     same at every tick from ``first`` to ``last`` in every scope of their root: always true,
-    or never true, shown by ``decide`` over the fields' bounds (see the module doc), the
-    scopes the same at both ends. At a tick of the stretch after its first, recording such a
+    or never true, shown by ``decide`` over the fields' bounds (see the module doc); none
+    unless the GPUs and processes are the same at both ends. At a tick of the stretch after its first, recording such a
     series again changes nothing (``Engine.step``'s ``still``). Only ``gpu`` and ``process``
     series that a rule of the same kind reads are decided."""
     ranks = playbooks.compiler.ranks
     ends = (_Envs(*first, tz), _Envs(*last, tz))
+    for kind in _KINDS:
+        keys = [s.key for s in ends[0].scopes(kind)]
+        if keys != [s.key for s in ends[1].scopes(kind)] or len(set(keys)) != len(keys):
+            return frozenset()  # the scopes differ between the ends: nothing is promised
     hulls: dict[tuple[str, str], Abstract] = {}
     still: set[int] = set()
     for series in playbooks.series:
@@ -128,11 +132,7 @@ def still_series(
         )
         if tree is None or rule is None:
             continue
-        pairs = ends[0].scopes(series.root), ends[1].scopes(series.root)
-        keys = [s.key for s in pairs[0]]
-        if keys != [s.key for s in pairs[1]] or len(set(keys)) != len(keys):
-            continue
-        for a, b in zip(*pairs, strict=True):
+        for a, b in zip(ends[0].scopes(series.root), ends[1].scopes(series.root), strict=True):
             bounds = _bounds(rule, ends[0].env(a), ends[1].env(b), a, b, hulls)
             truth = decide(tree, bounds, ranks)
             if truth is not Truth.ALWAYS and not truth.never_true:
