@@ -210,17 +210,45 @@ def _boolop(node: ast.expr) -> _Fn:
     operands = [_compile(v) for v in node.values]
     conjunction = isinstance(node.op, ast.And)
 
-    def truth(ctx: _Ctx) -> Abstract:
-        truths = [_truth(operand(ctx)) for operand in operands]
-        if conjunction:
-            if any(t.never_true for t in truths):
-                return Truth.FALSE if all(t is Truth.FALSE for t in truths) else Truth.NEVER
-            return Truth.ALWAYS if all(t is Truth.ALWAYS for t in truths) else Truth.MAYBE
-        if all(t.never_true for t in truths):
-            return Truth.FALSE if all(t is Truth.FALSE for t in truths) else Truth.NEVER
-        return Truth.ALWAYS if all(t is Truth.ALWAYS for t in truths) else Truth.MAYBE
+    # Kleene logic, with FALSE (false at every tick) told from NEVER (false or unknown): an
+    # `and` is never true when one operand is, and FALSE only when all are FALSE; once one
+    # operand is never true and one is not FALSE, the rest cannot change the answer (NEVER).
+    # An `or` is never true only when all operands are, and (as decided here) always true only
+    # when all are: once one may hold and one is not always true, it is MAYBE.
+    def conjunction_truth(ctx: _Ctx) -> Abstract:
+        never = not_false = False
+        always = True
+        for operand in operands:
+            t = _truth(operand(ctx))
+            if t is not Truth.ALWAYS:
+                always = False
+            if t is not Truth.FALSE:
+                not_false = True
+            if t is Truth.FALSE or t is Truth.NEVER:
+                never = True
+            if never and not_false:
+                return Truth.NEVER
+        if never:
+            return Truth.FALSE  # every operand FALSE
+        return Truth.ALWAYS if always else Truth.MAYBE
 
-    return truth
+    def disjunction_truth(ctx: _Ctx) -> Abstract:
+        may_hold = not_always = not_false = False
+        for operand in operands:
+            t = _truth(operand(ctx))
+            if t is not Truth.ALWAYS:
+                not_always = True
+            if t is not Truth.FALSE:
+                not_false = True
+            if t is not Truth.FALSE and t is not Truth.NEVER:
+                may_hold = True
+            if may_hold and not_always:
+                return Truth.MAYBE
+        if not may_hold:
+            return Truth.NEVER if not_false else Truth.FALSE
+        return Truth.MAYBE if not_always else Truth.ALWAYS
+
+    return conjunction_truth if conjunction else disjunction_truth
 
 
 def _unaryop(node: ast.expr) -> _Fn:
