@@ -107,9 +107,9 @@ def still_series(
     """The ids of the held series (``held_for``'s conditions) of ``playbooks`` that are the
     same at every tick from ``first`` to ``last`` in every scope of their root: always true,
     or never true, shown by ``decide`` over the fields' bounds (see the module doc); none
-    unless the GPUs and processes are the same at both ends. At a tick of the stretch after its first, recording such a
-    series again changes nothing (``Engine.step``'s ``still``). Only ``gpu`` and ``process``
-    series that a rule of the same kind reads are decided."""
+    unless the GPUs and processes are the same at both ends. At a tick of the stretch after
+    its first, recording such a series again changes nothing (``Engine.step``'s ``still``).
+    Only ``gpu`` and ``process`` series that a rule of the same kind reads are decided."""
     ranks = playbooks.compiler.ranks
     ends = (_Envs(*first, tz), _Envs(*last, tz))
     for kind in _KINDS:
