@@ -53,7 +53,16 @@ from gpuwarden.engine.scopes import (
     history_keys,
     scope_sets,
 )
-from gpuwarden.model import Hold, Intent, NextStep, Outcome, RuleChange, Silence, Snapshot
+from gpuwarden.model import (
+    GpuState,
+    Hold,
+    Intent,
+    NextStep,
+    Outcome,
+    RuleChange,
+    Silence,
+    Snapshot,
+)
 from gpuwarden.playbook.expr import Shared
 from gpuwarden.playbook.fields import TickEnvs, tick_env
 from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
@@ -296,11 +305,8 @@ class Engine:
         else:
             base = self._tick_envs(snapshot, now, self.tz)
             sets, gpus = scope_sets(snapshot, self._process_keys, self._kinds)
-        base["gpu"] = base["process"] = base["event"] = None
-        base["_snapshot"] = snapshot
-        base["_gpus"] = gpus
+        common = _complete(base, snapshot, now, gpus)
         self._envs = {}
-        common: Shared = (base["host"], base["time"], now, base["_gpu_procs"])  # shared(base)
         self._record_history(sets, base, common, now)
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
@@ -378,15 +384,15 @@ class Engine:
             return True
         # With ``still``, the scopes are the last tick's: only the others are recorded, from
         # rows of their kinds, and nothing is forgotten (no scope went).
-        recorded = [s for s in self.playbooks.series if not (s.kind == "held" and s.id in still)]
-        roots = self._series_roots if not still else tuple(dict.fromkeys(s.root for s in recorded))
+        recorded = self.playbooks.series
+        roots = self._series_roots
+        if still:
+            recorded = tuple(s for s in recorded if not (s.kind == "held" and s.id in still))
+            roots = tuple(dict.fromkeys(s.root for s in recorded))
         sets, gpus = scope_sets(snapshot, self._process_keys, roots)
         if self._series_shared:
             base = self._tick_envs(snapshot, now, self.tz)
-            base["gpu"] = base["process"] = base["event"] = None
-            base["_snapshot"] = snapshot
-            base["_gpus"] = gpus
-            common: Shared = (base["host"], base["time"], now, base["_gpu_procs"])
+            common = _complete(base, snapshot, now, gpus)
         else:  # no series reads host, time, _now or _gpu_procs: nothing to build
             base, common = _NO_BASE, (None, None, now, None)
         if not still:
@@ -523,6 +529,17 @@ _HOST = ("host",)
 _QUIET_TICK = Tick(())  # most ticks: nothing changed, nothing to do (Tick is immutable)
 _EMPTY: frozenset[str] = frozenset()  # no rule is quiet (one object: see _plan)
 _NO_BASE: Env = {}  # an idle tick's environment when no series reads it (see _idle)
+
+
+def _complete(base: Env, snapshot: Snapshot, now: float, gpus: dict[int, GpuState]) -> Shared:
+    """Make the tick's ``tick_env`` the environment every scope's starts from (no scope
+    yet), and return what batch functions read of it (``shared(base)``)."""
+    base["gpu"] = base["process"] = base["event"] = None
+    base["_snapshot"] = snapshot
+    base["_gpus"] = gpus
+    return (base["host"], base["time"], now, base["_gpu_procs"])
+
+
 _SHARED_NAMES = frozenset({"host", "time", "_now", "_gpu_procs"})
 
 
