@@ -21,7 +21,7 @@ import pytest
 
 from gpuwarden import config as config_module
 from gpuwarden import drill
-from gpuwarden.engine.quiet import quiet_rules
+from gpuwarden.engine.quiet import decide_stretch
 from gpuwarden.model import GpuProcess, GpuState, Memory, Snapshot
 from gpuwarden.playbook import loader
 from gpuwarden.playbook.bounds import Const, Span, Truth, decide, parse
@@ -235,14 +235,16 @@ def test_fast_forward_changes_no_record(
     path: Path, tick: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     told: list[frozenset[str]] = []
-    real = quiet_rules
+    real = decide_stretch
 
-    def spy(*args: Any, **kwargs: Any) -> frozenset[str]:
-        told.append(real(*args, **kwargs))
-        return told[-1]
+    def spy(*args: Any, **kwargs: Any) -> tuple[frozenset[str], frozenset[int]]:
+        found = real(*args, **kwargs)
+        told.append(found[0])
+        return found
 
-    monkeypatch.setattr(drill, "quiet_rules", spy)
+    monkeypatch.setattr(drill, "decide_stretch", spy)
     fast = _records(path, tick)
     assert any(told), "the fast-forward never found a quiet rule"
-    monkeypatch.setattr(drill, "quiet_rules", lambda *args, **kwargs: frozenset())
+    nothing: tuple[frozenset[str], frozenset[int]] = (frozenset(), frozenset())
+    monkeypatch.setattr(drill, "decide_stretch", lambda *args, **kwargs: nothing)
     assert _records(path, tick) == fast

@@ -34,7 +34,7 @@ from gpuwarden.clock import SimClock
 from gpuwarden.cloud import plan
 from gpuwarden.config import Config
 from gpuwarden.engine.engine import Engine
-from gpuwarden.engine.quiet import candidate, quiet_rules, still_series
+from gpuwarden.engine.quiet import candidate, decide_stretch
 from gpuwarden.model import Intent, Outcome, RuleChange, Snapshot, Target
 from gpuwarden.playbook.loader import PlaybookSet
 from gpuwarden.playbook.schema import ENDING_KINDS
@@ -354,7 +354,7 @@ class _Ahead:
         peek = self._source.peek
         ticks = [self._at(k) for k in range(n, last + 1)]
         ends = [(peek(t), t) for t in (ticks[0], ticks[-1])]
-        self._rules = quiet_rules(
+        self._rules, self._still = decide_stretch(
             self._playbooks,
             ends[0],
             ends[1],
@@ -362,7 +362,6 @@ class _Ahead:
             history=self._engine.history,
             ticks=ticks,
         )
-        self._still = still_series(self._playbooks, ends[0], ends[1], self._engine.tz)
         self._last = last
         return self._rules
 

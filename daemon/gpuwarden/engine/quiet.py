@@ -40,7 +40,7 @@ from gpuwarden.playbook.bounds import (
 from gpuwarden.playbook.fields import tick_env
 from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
 
-__all__ = ["quiet_rules", "still_series"]
+__all__ = ["decide_stretch", "quiet_rules", "still_series"]
 
 _KINDS = ("gpu", "process")
 _ROOTS = ("gpu.", "process.")
@@ -72,30 +72,7 @@ def quiet_rules(
     (the engine's, as it stands before the first tick) and ``ticks`` (every instant of the
     stretch, in order), ``avg``, ``min``, ``max`` and ``predict`` of such a field are bounded
     too (see ``_Windows``); without them they are unknown."""
-    rules = [r for r in playbooks.rules if candidate(r)]
-    if not rules:
-        return frozenset()
-    ranks = playbooks.compiler.ranks
-    ends = (_Envs(*first, tz), _Envs(*last, tz))
-    windows = _Windows(playbooks, history, ticks) if history is not None and ticks else None
-    quiet: set[str] = set()
-    hulls: dict[tuple[str, str], Abstract] = {}  # (scope key, field) -> its bounds
-    for rule in rules:
-        tree = _tree(rule.when.text)
-        if tree is None:
-            continue
-        pairs = ends[0].scopes(rule.spec.for_each), ends[1].scopes(rule.spec.for_each)
-        keys = [s.key for s in pairs[0]]
-        if keys != [s.key for s in pairs[1]] or len(set(keys)) != len(keys):
-            continue  # the scopes differ between the ends: nothing is decided
-        for a, b in zip(*pairs, strict=True):
-            bounds = _bounds(rule, ends[0].env(a), ends[1].env(b), a, b, hulls)
-            seen = None if windows is None else windows.of(rule.spec.for_each, a.key, bounds)
-            if not decide(tree, bounds, ranks, seen).never_true:
-                break
-        else:
-            quiet.add(rule.name)
-    return frozenset(quiet)
+    return _Stretch(playbooks, first, last, tz).quiet(history, ticks)
 
 
 def still_series(
@@ -110,36 +87,97 @@ def still_series(
     unless the GPUs and processes are the same at both ends. At a tick of the stretch after
     its first, recording such a series again changes nothing (``Engine.step``'s ``still``).
     Only ``gpu`` and ``process`` series that a rule of the same kind reads are decided."""
-    ranks = playbooks.compiler.ranks
-    ends = (_Envs(*first, tz), _Envs(*last, tz))
-    for kind in _KINDS:
-        keys = [s.key for s in ends[0].scopes(kind)]
-        if keys != [s.key for s in ends[1].scopes(kind)] or len(set(keys)) != len(keys):
+    return _Stretch(playbooks, first, last, tz).still()
+
+
+def decide_stretch(
+    playbooks: PlaybookSet,
+    first: tuple[Snapshot, float],
+    last: tuple[Snapshot, float],
+    tz: dt.tzinfo,
+    *,
+    history: History | None = None,
+    ticks: Sequence[float] = (),
+) -> tuple[frozenset[str], frozenset[int]]:
+    """``quiet_rules`` and ``still_series`` of one stretch, its ends' scopes, environments
+    and field bounds worked out once for both."""
+    stretch = _Stretch(playbooks, first, last, tz)
+    return stretch.quiet(history, ticks), stretch.still()
+
+
+class _Stretch:
+    """A stretch's two ends, and the bounds of each scope's fields found so far."""
+
+    def __init__(
+        self,
+        playbooks: PlaybookSet,
+        first: tuple[Snapshot, float],
+        last: tuple[Snapshot, float],
+        tz: dt.tzinfo,
+    ) -> None:
+        self.playbooks = playbooks
+        self.ranks = playbooks.compiler.ranks
+        self.ends = (_Envs(*first, tz), _Envs(*last, tz))
+        self.hulls: dict[tuple[str, str], Abstract] = {}  # (scope key, field) -> its bounds
+
+    def same_scopes(self, kind: str) -> bool:
+        """Whether the ends have the same scopes of ``kind``, no key twice."""
+        keys = [s.key for s in self.ends[0].scopes(kind)]
+        return keys == [s.key for s in self.ends[1].scopes(kind)] and len(set(keys)) == len(keys)
+
+    def bounds(self, rule: CompiledRule, a: Scope, b: Scope) -> dict[str, Abstract]:
+        return _bounds(rule, self.ends[0].env(a), self.ends[1].env(b), a, b, self.hulls)
+
+    def pairs(self, kind: str) -> zip[tuple[Scope, Scope]]:
+        return zip(self.ends[0].scopes(kind), self.ends[1].scopes(kind), strict=True)
+
+    def quiet(self, history: History | None, ticks: Sequence[float]) -> frozenset[str]:
+        rules = [r for r in self.playbooks.rules if candidate(r)]
+        if not rules:
+            return frozenset()
+        windows: _Windows | None = None
+        if history is not None and ticks:
+            windows = _Windows(self.playbooks, history, ticks)
+        quiet: set[str] = set()
+        for rule in rules:
+            tree = _tree(rule.when.text)
+            kind = rule.spec.for_each
+            if tree is None or not self.same_scopes(kind):
+                continue  # nothing is decided (the scopes differ between the ends)
+            for a, b in self.pairs(kind):
+                bounds = self.bounds(rule, a, b)
+                seen = None if windows is None else windows.of(kind, a.key, bounds)
+                if not decide(tree, bounds, self.ranks, seen).never_true:
+                    break
+            else:
+                quiet.add(rule.name)
+        return frozenset(quiet)
+
+    def still(self) -> frozenset[int]:
+        if not all(self.same_scopes(kind) for kind in _KINDS):
             return frozenset()  # the scopes differ between the ends: nothing is promised
-    hulls: dict[tuple[str, str], Abstract] = {}
-    still: set[int] = set()
-    for series in playbooks.series:
-        if series.kind != "held" or series.root not in _KINDS:
-            continue
-        tree = _tree(series.text)
-        rule = next(
-            (
-                r
-                for r in playbooks.rules
-                if r.spec.for_each == series.root and series in r.when.series
-            ),
-            None,
-        )
-        if tree is None or rule is None:
-            continue
-        for a, b in zip(ends[0].scopes(series.root), ends[1].scopes(series.root), strict=True):
-            bounds = _bounds(rule, ends[0].env(a), ends[1].env(b), a, b, hulls)
-            truth = decide(tree, bounds, ranks)
-            if truth is not Truth.ALWAYS and not truth.never_true:
-                break
-        else:
-            still.add(series.id)
-    return frozenset(still)
+        still: set[int] = set()
+        for series in self.playbooks.series:
+            if series.kind != "held" or series.root not in _KINDS:
+                continue
+            tree = _tree(series.text)
+            rule = next(
+                (
+                    r
+                    for r in self.playbooks.rules
+                    if r.spec.for_each == series.root and series in r.when.series
+                ),
+                None,
+            )
+            if tree is None or rule is None:
+                continue
+            for a, b in self.pairs(series.root):
+                truth = decide(tree, self.bounds(rule, a, b), self.ranks)
+                if truth is not Truth.ALWAYS and not truth.never_true:
+                    break
+            else:
+                still.add(series.id)
+        return frozenset(still)
 
 
 class _Envs:
