@@ -267,28 +267,15 @@ class History:
                 if value is None:
                     continue
                 track = tracks[sid] = Track(now)
-            times = track.times
-            start = track.start
-            if len(times) > start:
-                last = times[-1]
+            if len(track.times) > track.start:
+                last = track.times[-1]
                 if last > now:
                     track = tracks[sid] = Track(now)  # the clock went back (a new drill)
-                    times, start = track.times, 0
                 elif last == now and value is not None:
                     track.pop()  # recorded twice in one tick: the last value wins
-                    start = track.start
             if value is not None:
-                times.append(now)  # Track.append, written out
-                track.values.append(float(value))
-            # Track.trim, written out: at 1 Hz one sample (or none) drops out each tick.
-            n = len(times)
-            if oldest is not None and start < n and times[start] < oldest:
-                start = bisect_left(times, oldest, start + 1)
-            if n - max_samples > start:  # noqa: PLR1730 - max() costs a call per sample
-                start = n - max_samples
-            track.start = start
-            if start > _COMPACT_AFTER and 2 * start > n:
-                track._compact()
+                track.append(now, float(value))
+            track.trim(oldest, max_samples)
         self._lanes.pop(sid, None)
         if len(set(scope_keys)) == len(scope_keys):
             kept: list[Track] = []
