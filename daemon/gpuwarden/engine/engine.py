@@ -291,8 +291,9 @@ class Engine:
         rules are evaluated regardless. History is recorded as at any tick; a tick where no
         rule is left to evaluate does only that (``_idle``). ``still``: held series the caller
         has shown to be, in every scope, what they were at the last tick, the scopes the same
-        (engine/quiet.py ``still_series``); such a tick records them only if it evaluates some
-        rule. A wrong ``quiet`` or ``still`` loses records: tests compare this with
+        (engine/quiet.py ``still_series``); the tick does not record them again (a held
+        series keeps only since when its condition holds, which an unchanged value leaves
+        as it is). A wrong ``quiet`` or ``still`` loses records: tests compare this with
         ``Engine(reference=True)``, which ignores both."""
         if quiet and not self._reference and self._idle(snapshot, now, quiet, still):
             return _QUIET_TICK
@@ -307,7 +308,7 @@ class Engine:
             sets, gpus = scope_sets(snapshot, self._process_keys, self._kinds)
         common = _complete(base, snapshot, now, gpus)
         self._envs = {}
-        self._record_history(sets, base, common, now)
+        self._record_history(sets, base, common, now, frozenset() if self._reference else still)
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
         lifecycle = self._lifecycle
@@ -452,14 +453,23 @@ class Engine:
         return known[3] <= now
 
     def _record_history(
-        self, sets: dict[str, ScopeSet], base: Env, common: Shared, now: float
+        self,
+        sets: dict[str, ScopeSet],
+        base: Env,
+        common: Shared,
+        now: float,
+        still: Collection[int] = frozenset(),
     ) -> None:
+        """Each series' samples of this tick, but those of the held series in ``still``
+        (unchanged, the scopes the last tick's: recording them again changes nothing)."""
         if not self.playbooks.series:
             return
         history = self.history
         keys = [sets[root].keys for root in self._series_roots]
         known = self._recorded
         for series in self.playbooks.series:
+            if still and series.kind == "held" and series.id in still:
+                continue
             scopes = sets[series.root]
             if self._reference:
                 for i in range(len(scopes)):
