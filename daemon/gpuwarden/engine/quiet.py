@@ -283,7 +283,9 @@ class _Windows:
         self.series = {(s.root, s.text): s for s in playbooks.series if s.kind == "value"}
         self.history = history
         self.ticks = tuple(ticks)
-        self._spread: dict[tuple[tuple[float, ...], float, float], float | None] = {}
+        # (times before the stretch, horizon, window, factor): a stretch has few of them, and
+        # every GPU's track holds the same times (compared as lists, without a tuple to hash).
+        self._spread: list[tuple[list[float], float, float, float | None]] = []
 
     def of(self, kind: str, key: str, fields: Mapping[str, Abstract]) -> HistoryBounds:
         def bounds(name: str, path: str, args: tuple[float, ...]) -> Abstract:
@@ -322,19 +324,19 @@ class _Windows:
         if name != "predict":
             slack = 1e-6 * (1.0 + abs(lo) + abs(hi))
             return Span(lo - slack, hi + slack, maybe_none=True)
-        spread = self._factor(tuple(times), args[0], window)
+        spread = self._factor(times, args[0], window)
         if spread is None:
             return None
         mid, reach = (lo + hi) / 2, (hi - lo) / 2 * spread
         slack = 1e-4 * (1.0 + abs(mid) + reach)
         return Span(mid - reach - slack, mid + reach + slack, maybe_none=True)
 
-    def _factor(self, before: tuple[float, ...], horizon: float, window: float) -> float | None:
+    def _factor(self, before: list[float], horizon: float, window: float) -> float | None:
         """The largest ``1 + |x0 - mean(x)| * sqrt(n / Sxx)`` over the ticks (see the class
         doc); None when some tick's times are too close together to bound it."""
-        cache = (before, horizon, window)
-        if cache in self._spread:
-            return self._spread[cache]
+        for known, at, over, factor in self._spread:
+            if at == horizon and over == window and known == before:
+                return factor
         origin = self.ticks[0]
         instants = (*before, *self.ticks)
         times = [t - origin for t in instants]  # for the sums; which samples a window
@@ -359,5 +361,5 @@ class _Windows:
                 break
             assert largest is not None
             largest = max(largest, 1.0 + (now + horizon - sx / n) * math.sqrt(n / sxx))
-        self._spread[cache] = largest
+        self._spread.append((before, horizon, window, largest))
         return largest
