@@ -63,7 +63,7 @@ from gpuwarden.model import (
     Silence,
     Snapshot,
 )
-from gpuwarden.playbook.expr import Shared
+from gpuwarden.playbook.expr import Series, Shared
 from gpuwarden.playbook.fields import TickEnvs, tick_env
 from gpuwarden.playbook.loader import CompiledRule, PlaybookSet
 from gpuwarden.timewindow import Schedule
@@ -112,6 +112,8 @@ class Engine:
             tuple[Collection[str], frozenset[str], tuple[tuple[CompiledRule, ...], tuple[str, ...]]]
             | None
         ) = None
+        # The last idle tick's ``still``, and the series it left to record and their roots.
+        self._unstill: tuple[Collection[int], tuple[Series, ...], tuple[str, ...]] | None = None
 
     @property
     def planner(self) -> Planner:
@@ -169,6 +171,7 @@ class Engine:
         self._series_roots = tuple(dict.fromkeys(s.root for s in playbooks.series))
         self._series_shared = _series_read_shared(playbooks)
         self._skipping = None
+        self._unstill = None
         self._last_run = {k: v for k, v in self._last_run.items() if k in names}
         return closed
 
@@ -388,8 +391,12 @@ class Engine:
         recorded = self.playbooks.series
         roots = self._series_roots
         if still:
-            recorded = tuple(s for s in recorded if not (s.kind == "held" and s.id in still))
-            roots = tuple(dict.fromkeys(s.root for s in recorded))
+            known = self._unstill
+            # A drill's stretch passes one frozenset at each of its ticks.
+            if known is None or known[0] is not still or not isinstance(still, frozenset):
+                left = tuple(s for s in recorded if not (s.kind == "held" and s.id in still))
+                known = self._unstill = (still, left, tuple(dict.fromkeys(s.root for s in left)))
+            recorded, roots = known[1], known[2]
         sets, gpus = scope_sets(snapshot, self._process_keys, roots)
         if self._series_shared:
             base = self._tick_envs(snapshot, now, self.tz)
