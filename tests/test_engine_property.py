@@ -346,3 +346,46 @@ def test_held_series_told_unchanged(idle_rules: PlaybookSet) -> None:
     late = [r.time for r in wrong if isinstance(r, RuleChange) and str(r.kind) == "firing"]
     assert len(fired) == 1
     assert late == []
+
+
+def test_a_quiet_rule_cooling_down_is_not_evaluated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mem`` (alone) fires, resolves and cools down for 30 s while the GPU is shown quiet:
+    those ticks evaluate no rule (``Engine._idle``) until the cooldown ends, and when the
+    GPU fills again the rule fires when the plain path fires it."""
+    cfg = config()
+    head, *blocks = textwrap.dedent(RULES).split("\n  - name: ")
+    path = tmp_path / "mem.yaml"
+    path.write_text("\n  - name: ".join([head, *(b for b in blocks if b.startswith("mem\n"))]))
+    idle_rules = load([path], cfg)
+    assert [r.name for r in idle_rules.rules] == ["mem"]
+    full, calm = [(95, 60, 300.0, False)], [(50, 60, 300.0, False)]
+    draw: list[Any] = [(1, full, [], [])] * 40 + [(1, calm, [], [])] * 50 + [(1, full, [], [])] * 30
+    snapshots = _snapshots(draw)
+    plain = _run(Engine(idle_rules, cfg, reference=True), snapshots)
+    changes = [
+        (str(r.kind), r.time - T0) for r in plain if isinstance(r, RuleChange) and r.rule == "mem"
+    ]
+    assert changes == [
+        ("pending", 1.0),
+        ("firing", 21.0),
+        ("resolved", 41.0),
+        ("pending", 91.0),
+        ("firing", 111.0),
+    ]
+    engine = Engine(idle_rules, cfg)
+    idle_cooling: list[float] = []
+    idle = Engine._idle
+
+    def spy(self: Engine, snapshot: Snapshot, now: float, *args: Any) -> bool:
+        was = idle(self, snapshot, now, *args)
+        held = self._lifecycle.states.get("mem")
+        if was and held:
+            idle_cooling.append(now - T0)
+        return was
+
+    monkeypatch.setattr(Engine, "_idle", spy)
+    assert _run(engine, snapshots, _proven(idle_rules)) == plain
+    # Resolved at 41 s with a 30 s cooldown: from the next tick until the cooldown ends.
+    assert idle_cooling == [float(t) for t in range(42, 71)]

@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import math
 from collections.abc import Collection, Container, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwarden.config import Config
 from gpuwarden.engine.history import History
-from gpuwarden.engine.incident import Incident, Tick, latest_instant
+from gpuwarden.engine.incident import Incident, ScopeState, Tick, latest_instant
 from gpuwarden.engine.ladder import Env, Ladder, Records
-from gpuwarden.engine.lifecycle import Lifecycle
+from gpuwarden.engine.lifecycle import Lifecycle, cooling_until
 from gpuwarden.engine.planner import Planner
 from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.engine.restore import restore_incident
@@ -107,11 +108,8 @@ class Engine:
         self._series_shared = _series_read_shared(playbooks)
         # (history, its generation, the keys of each series root) after the last forget_except
         self._recorded: tuple[History, int, list[list[str]]] | None = None
-        # The last tick's quiet rules, those skipped of them, and the plan made (see _plan).
-        self._skipping: (
-            tuple[Collection[str], frozenset[str], tuple[tuple[CompiledRule, ...], tuple[str, ...]]]
-            | None
-        ) = None
+        # The last plan made (see _plan): for its quiet rules, until its time.
+        self._skipping: _Skipping | None = None
         # The last idle tick's ``still``, and the series it left to record and their roots.
         self._unstill: tuple[Collection[int], tuple[Series, ...], tuple[str, ...]] | None = None
 
@@ -290,8 +288,9 @@ class Engine:
         """One tick. ``quiet``: rules whose ``when`` the caller has shown to hold in no scope
         of this tick (a drill's fast-forward, engine/quiet.py). Such a rule is not evaluated
         while it has no state in any scope (nothing pending, firing, cooling down or stood
-        down), which is exactly when its evaluation would change nothing; scheduled and event
-        rules are evaluated regardless. History is recorded as at any tick; a tick where no
+        down), or while its states are only cooldowns none of which has ended: exactly when
+        its evaluation would change nothing (see ``_plan``); scheduled and event rules are
+        evaluated regardless. History is recorded as at any tick; a tick where no
         rule is left to evaluate does only that (``_idle``). ``still``: held series the caller
         has shown to be, in every scope, what they were at the last tick, the scopes the same
         (engine/quiet.py ``still_series``); the tick does not record them again (a held
@@ -315,7 +314,7 @@ class Engine:
         # Views of history taken while recording would miss this tick's samples: rebuild.
         self._envs = {}
         lifecycle = self._lifecycle
-        rules, history_kinds = self._plan(_EMPTY if self._reference or not quiet else quiet)
+        rules, history_kinds = self._plan(_EMPTY if self._reference or not quiet else quiet, now)
         if not self._reference:
             for kind in history_kinds:
                 self._add_history(sets[kind], now)
@@ -363,19 +362,25 @@ class Engine:
         self, snapshot: Snapshot, now: float, quiet: Collection[str], still: Collection[int]
     ) -> bool:
         """Whether this tick evaluates no rule, and if so its work done: the history recorded,
-        as ``step`` records it. A tick is idle when every rule is skipped (quiet, without
-        state), or is an event rule without state in a snapshot without events, or a scheduled
-        rule that is not due and has no open incident (``step`` would only look at it). The
-        series in ``still`` (held, unchanged, the scopes the same) are not recorded again."""
+        as ``step`` records it. A tick is idle when every rule is skipped (quiet, and without
+        state or only cooling down: ``_plan``), or is an event rule without state, or only
+        cooling down with none of its cooldowns ended, in a snapshot without events (there
+        ``step`` would change nothing of it), or a scheduled rule that is not due and has no open
+        incident (``step`` would only look at it). The series in ``still`` (held, unchanged,
+        the scopes the same) are not recorded again."""
         if snapshot.events:
             return False
-        rules, _ = self._plan(quiet)
+        rules, _ = self._plan(quiet, now)
         states = self._lifecycle.states
         for rule in rules:
             held = states.get(rule.name)
             if rule.every is None:
-                if rule.spec.for_each != "event" or held:
+                if rule.spec.for_each != "event":
                     return False
+                if held:
+                    ends = cooling_until(held)
+                    if ends is None or ends <= now:
+                        return False  # more than cooldowns, or one ended (evaluating forgets it)
             elif self._due(rule, self._last_run.get(rule.name, now), now) or (
                 held and any(state.incident is not None for state in held.values())
             ):
@@ -413,29 +418,53 @@ class Engine:
             history.record_many(scopes.keys, series, values, now)
         return True
 
-    def _plan(self, quiet: Collection[str]) -> tuple[tuple[CompiledRule, ...], tuple[str, ...]]:
+    def _plan(
+        self, quiet: Collection[str], now: float
+    ) -> tuple[tuple[CompiledRule, ...], tuple[str, ...]]:
         """The rules this tick evaluates (of ``quiet``, those ``step`` skips are left out),
         and the kinds whose rows need history views (some rule evaluated over them reads
-        history)."""
+        history). A quiet rule is skipped while it has no state, or while its every state is
+        only cooling down (inactive, not stood down) and none of those cooldowns has ended:
+        evaluating it there would only forget the cooldowns that ended. The plan is kept
+        for the same quiet rules until the first such cooldown ends, while each skipped
+        rule's states are the very ones it was made with and each quiet rule evaluated for
+        its states still has more than cooldowns."""
         states = self._lifecycle.states
         known = self._skipping
-        if known is not None and known[0] is quiet and not any(map(states.get, known[1])):
-            # The same quiet rules as the tick before, and none skipped then has a state now
-            # (one that was not skipped for its state stays evaluated: never wrong).
-            return known[2]
-        rules = self.playbooks.rules
-        skip = frozenset(
-            r.name
-            for r in rules
-            if r.name in quiet
-            and r.every is None
-            and r.spec.for_each != "event"
-            and not states.get(r.name)
-        )
-        run = tuple(r for r in rules if r.name not in skip)
+        if (
+            known is not None
+            and known.quiet is quiet
+            and now < known.until
+            and all(
+                not states.get(name)
+                if had is None
+                else states.get(name) is had and len(had) == size
+                for name, had, size in known.skipped
+            )
+            and all(_busy(states.get(name)) for name in known.busy)
+        ):
+            return known.plan
+        skipped: list[tuple[str, dict[str, ScopeState] | None, int]] = []
+        busy: list[str] = []
+        until = math.inf
+        for rule in self.playbooks.rules:
+            if rule.name not in quiet or rule.every is not None or rule.spec.for_each == "event":
+                continue
+            held = states.get(rule.name)
+            if held:
+                ends = cooling_until(held)
+                if ends is None:
+                    busy.append(rule.name)  # pending, firing or stood down: evaluated
+                    continue
+                if ends <= now:
+                    continue  # a cooldown ended: evaluating the rule forgets it
+                until = min(until, ends)
+            skipped.append((rule.name, held or None, len(held) if held else 0))
+        skip = {name for name, _, _ in skipped}
+        run = tuple(r for r in self.playbooks.rules if r.name not in skip)
         needed = {r.spec.for_each for r in run if r.when.series}
         plan = run, tuple(k for k in self._history_kinds if k in needed)
-        self._skipping = (quiet, skip, plan)
+        self._skipping = _Skipping(quiet, tuple(skipped), tuple(busy), plan, until)
         return plan
 
     # -- history and environments -----------------------------------------------------------
@@ -545,6 +574,25 @@ class Engine:
 _HOST = ("host",)
 _QUIET_TICK = Tick(())  # most ticks: nothing changed, nothing to do (Tick is immutable)
 _EMPTY: frozenset[str] = frozenset()  # no rule is quiet (one object: see _plan)
+
+
+class _Skipping(NamedTuple):
+    """A plan (``Engine._plan``) and what it holds for: the quiet rules it was made for
+    (the very object), the rules skipped (each with its states then, and how many), the
+    quiet rules evaluated for their states, and the time the first skipped cooldown ends."""
+
+    quiet: Collection[str]
+    skipped: tuple[tuple[str, dict[str, ScopeState] | None, int], ...]
+    busy: tuple[str, ...]  # quiet, evaluated for states that are more than cooldowns
+    plan: tuple[tuple[CompiledRule, ...], tuple[str, ...]]
+    until: float
+
+
+def _busy(states: dict[str, ScopeState] | None) -> bool:
+    """Whether a rule's states are more than cooldowns (pending, firing, stood down)."""
+    return states is not None and cooling_until(states) is None and bool(states)
+
+
 _NO_BASE: Env = {}  # an idle tick's environment when no series reads it (see _idle)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Collection, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 
 from gpuwarden.engine.incident import Incident, ScopeState, stamp
 from gpuwarden.engine.ladder import Env, Ladder, Records, ladder_done, silence_note
@@ -436,6 +436,15 @@ class Lifecycle:
 def _cooling(state: ScopeState) -> bool:
     """Inactive and not stood down: at most a cooldown left (see ``Lifecycle.evaluate``)."""
     return state.phase == "inactive" and not state.stood_down
+
+
+def cooling_until(states: Mapping[str, ScopeState]) -> float | None:
+    """When the first of a rule's ``states`` ends its cooldown, where each is only cooling
+    down (at a tick where the rule holds nowhere, ``evaluate`` then only forgets those whose
+    cooldown has ended); None where some state is more (pending, firing, stood down)."""
+    if not states or not all(map(_cooling, states.values())):
+        return None
+    return min(state.cooldown_until for state in states.values())
 
 
 def read_values(shows: tuple[Show, ...], env: Env) -> tuple[tuple[str, object], ...]:
