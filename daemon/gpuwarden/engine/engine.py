@@ -435,16 +435,19 @@ class Engine:
             known is not None
             and known.quiet is quiet
             and now < known.until
-            and all(
-                not states.get(name)
-                if had is None
-                else states.get(name) is had and len(had) == size
-                for name, had, size in known.skipped
-            )
-            and all(_busy(states.get(name)) for name in known.busy)
+            and not any(map(states.get, known.bare))
         ):
-            return known.plan
-        skipped: list[tuple[str, dict[str, ScopeState] | None, int]] = []
+            for name, had, size in known.cooling:
+                if states.get(name) is not had or len(had) != size:
+                    break
+            else:
+                for name in known.busy:
+                    if not _busy(states.get(name)):
+                        break
+                else:
+                    return known.plan
+        bare: list[str] = []
+        cooling: list[tuple[str, dict[str, ScopeState], int]] = []
         busy: list[str] = []
         until = math.inf
         for rule in self.playbooks.rules:
@@ -453,18 +456,20 @@ class Engine:
             held = states.get(rule.name)
             if held:
                 ends = cooling_until(held)
-                if ends is None:
-                    busy.append(rule.name)  # pending, firing or stood down: evaluated
+                if ends is None or ends <= now:
+                    # Pending, firing or stood down; or a cooldown ended, which evaluating
+                    # the rule forgets (then the plan is made again).
+                    busy.append(rule.name)
                     continue
-                if ends <= now:
-                    continue  # a cooldown ended: evaluating the rule forgets it
                 until = min(until, ends)
-            skipped.append((rule.name, held or None, len(held) if held else 0))
-        skip = {name for name, _, _ in skipped}
+                cooling.append((rule.name, held, len(held)))
+            else:
+                bare.append(rule.name)
+        skip = {*bare, *(name for name, _, _ in cooling)}
         run = tuple(r for r in self.playbooks.rules if r.name not in skip)
         needed = {r.spec.for_each for r in run if r.when.series}
         plan = run, tuple(k for k in self._history_kinds if k in needed)
-        self._skipping = _Skipping(quiet, tuple(skipped), tuple(busy), plan, until)
+        self._skipping = _Skipping(quiet, tuple(bare), tuple(cooling), tuple(busy), plan, until)
         return plan
 
     # -- history and environments -----------------------------------------------------------
@@ -578,12 +583,14 @@ _EMPTY: frozenset[str] = frozenset()  # no rule is quiet (one object: see _plan)
 
 class _Skipping(NamedTuple):
     """A plan (``Engine._plan``) and what it holds for: the quiet rules it was made for
-    (the very object), the rules skipped (each with its states then, and how many), the
-    quiet rules evaluated for their states, and the time the first skipped cooldown ends."""
+    (the very object), the rules skipped (without state; only cooling down, each with its
+    states then and how many), the quiet rules evaluated for their states, and the time the
+    first skipped cooldown ends."""
 
     quiet: Collection[str]
-    skipped: tuple[tuple[str, dict[str, ScopeState] | None, int], ...]
-    busy: tuple[str, ...]  # quiet, evaluated for states that are more than cooldowns
+    bare: tuple[str, ...]  # skipped, without state
+    cooling: tuple[tuple[str, dict[str, ScopeState], int], ...]  # skipped: states, how many
+    busy: tuple[str, ...]  # quiet, evaluated for their states (see _plan)
     plan: tuple[tuple[CompiledRule, ...], tuple[str, ...]]
     until: float
 
