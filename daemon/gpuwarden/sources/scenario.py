@@ -146,7 +146,8 @@ class _GpuPlay:
         "ramping",
         "ramps",
         "reserved",
-        "seen",
+        "seen_f",
+        "seen_gone",
         "seen_processes",
         "total",
         "used_given",
@@ -260,9 +261,10 @@ class _GpuPlay:
                 self.jobs_late.append(job(job_id, mib_a, mib_b, late, ramp_to))
         self.built: GpuState | None = None
         self.memory: Memory | None = None
-        # The last instant played without real processes: (f, jobs vanished by then), and
-        # the processes it showed.
-        self.seen: tuple[float, int] | None = None
+        # The last instant played without real processes (its f, and how many jobs had
+        # vanished by then), and the processes it showed.
+        self.seen_f: float | None = None
+        self.seen_gone = 0
         self.seen_processes: list[GpuProcess] = []
 
     def state(
@@ -279,11 +281,11 @@ class _GpuPlay:
         if self.lost is not None:
             return self.lost
         if real is None:
-            seen = (f, len(gone))
-            if seen == self.seen and self.built is not None:
+            vanished = len(gone)
+            if f == self.seen_f and vanished == self.seen_gone and self.built is not None:
                 processes += self.seen_processes
                 return self.built
-            self.seen = seen
+            self.seen_f, self.seen_gone = f, vanished
         jobs = self.jobs_inside if f > 0 else self.jobs_at_start
         if f >= 1:
             jobs = self.jobs_late
@@ -321,19 +323,19 @@ class _GpuPlay:
             a, d = self.other_mib
             other = a if d is None else a + d * f
             used = sum(mibs) + (other or 0)
-        used_mib = min(round(used), self.total)
+        used_mib = round(used)
+        total = self.total
+        if used_mib > total:  # noqa: PLR1730 - min() costs a call per GPU and snapshot
+            used_mib = total
         args = self.args
         gpu = self.built
         memory = self.memory
         if memory is None or memory.used_mib != used_mib:
-            total = self.total
             memory = self.memory = _make_memory(total, used_mib, total - used_mib, self.reserved)
             args[_MEMORY_AT] = memory
             gpu = None
         for at, x, dx, rounded in self.ramping:
-            value = x + dx * f
-            if rounded:
-                value = round(value)
+            value = round(x + dx * f) if rounded else x + dx * f
             if value != args[at]:
                 args[at] = value
                 gpu = None
