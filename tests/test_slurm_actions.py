@@ -154,7 +154,8 @@ def test_kill_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
     outcome = kill.execute(intent("kill", of(job), params=KillParams(grace=20)), ctx(slurm))
     assert states(outcome) == ["terminated"], outcome.detail
     assert f"via slurm: scancel {job.id}" in outcome.targets[0].detail
-    assert job.signals()[-1] == "exit SIGTERM"
+    # slurmd sends SIGCONT, then SIGTERM: the job logs the second a moment after scancel.
+    wait_for(lambda: job.signals()[-1:] == ["exit SIGTERM"], 10, "the job to end on SIGTERM")
     assert slurm.wait_state(job, "CANCELLED") == "CANCELLED"
 
 
