@@ -42,7 +42,7 @@ from gpuwarden.config import Config
 from gpuwarden.engine.history import History
 from gpuwarden.engine.incident import Incident, ScopeState, Tick, latest_instant
 from gpuwarden.engine.ladder import Env, Ladder, Records
-from gpuwarden.engine.lifecycle import Lifecycle, cooling_until
+from gpuwarden.engine.lifecycle import Lifecycle, at_rest_until
 from gpuwarden.engine.planner import Planner
 from gpuwarden.engine.protect import ProtectedMatcher
 from gpuwarden.engine.restore import restore_incident
@@ -375,12 +375,8 @@ class Engine:
         for rule in rules:
             held = states.get(rule.name)
             if rule.every is None:
-                if rule.spec.for_each != "event":
+                if rule.spec.for_each != "event" or at_rest_until(held, now) is None:
                     return False
-                if held:
-                    ends = cooling_until(held)
-                    if ends is None or ends <= now:
-                        return False  # more than cooldowns, or one ended (evaluating forgets it)
             elif self._due(rule, self._last_run.get(rule.name, now), now) or (
                 held and any(state.incident is not None for state in held.values())
             ):
@@ -428,7 +424,7 @@ class Engine:
         evaluating it there would only forget the cooldowns that ended. The plan is kept
         for the same quiet rules until the first such cooldown ends, while each skipped
         rule's states are the very ones it was made with and each quiet rule evaluated for
-        its states still has more than cooldowns."""
+        its states is still not at rest (``lifecycle.at_rest_until``)."""
         states = self._lifecycle.states
         known = self._skipping
         if (
@@ -442,8 +438,8 @@ class Engine:
                     break
             else:
                 for name in known.busy:
-                    if not _busy(states.get(name)):
-                        break
+                    if at_rest_until(states.get(name), now) is not None:
+                        break  # now at rest: it may be skipped
                 else:
                     return known.plan
         bare: list[str] = []
@@ -454,13 +450,10 @@ class Engine:
             if rule.name not in quiet or rule.every is not None or rule.spec.for_each == "event":
                 continue
             held = states.get(rule.name)
-            if held:
-                ends = cooling_until(held)
-                if ends is None or ends <= now:
-                    # Pending, firing or stood down; or a cooldown ended, which evaluating
-                    # the rule forgets (then the plan is made again).
-                    busy.append(rule.name)
-                    continue
+            ends = at_rest_until(held, now)
+            if ends is None:
+                busy.append(rule.name)  # evaluated; the plan is made again once it is at rest
+            elif held:
                 until = min(until, ends)
                 cooling.append((rule.name, held, len(held)))
             else:
@@ -593,11 +586,6 @@ class _Skipping(NamedTuple):
     busy: tuple[str, ...]  # quiet, evaluated for their states (see _plan)
     plan: tuple[tuple[CompiledRule, ...], tuple[str, ...]]
     until: float
-
-
-def _busy(states: dict[str, ScopeState] | None) -> bool:
-    """Whether a rule's states are more than cooldowns (pending, firing, stood down)."""
-    return states is not None and cooling_until(states) is None and bool(states)
 
 
 _NO_BASE: Env = {}  # an idle tick's environment when no series reads it (see _idle)

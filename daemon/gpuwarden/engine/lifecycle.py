@@ -438,13 +438,18 @@ def _cooling(state: ScopeState) -> bool:
     return state.phase == "inactive" and not state.stood_down
 
 
-def cooling_until(states: Mapping[str, ScopeState]) -> float | None:
-    """When the first of a rule's ``states`` ends its cooldown, where each is only cooling
-    down (at a tick where the rule holds nowhere, ``evaluate`` then only forgets those whose
-    cooldown has ended); None where some state is more (pending, firing, stood down)."""
-    if not states or not all(map(_cooling, states.values())):
+def at_rest_until(states: Mapping[str, ScopeState] | None, now: float) -> float | None:
+    """Until when evaluating a rule that holds nowhere changes none of its ``states``: for
+    ever without states; where each is only cooling down (inactive, not stood down) and
+    none of the cooldowns has ended, until the first ends (``evaluate`` then only forgets
+    those ended). None where something is going on (pending, firing, stood down) or a
+    cooldown has ended: evaluating the rule now may change its states."""
+    if not states:
+        return math.inf
+    if not all(map(_cooling, states.values())):
         return None
-    return min(state.cooldown_until for state in states.values())
+    ends = min(state.cooldown_until for state in states.values())
+    return ends if ends > now else None
 
 
 def read_values(shows: tuple[Show, ...], env: Env) -> tuple[tuple[str, object], ...]:
